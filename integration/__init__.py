@@ -1,0 +1,1 @@
+"""Engine integrations (installed as lynx_npu.integration)."""

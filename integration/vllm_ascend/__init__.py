@@ -1,0 +1,1 @@
+"""vLLM / vLLM-Ascend plugin and LMCache connector for Lynx."""

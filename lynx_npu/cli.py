@@ -1,0 +1,57 @@
+"""The ``lynx`` console command.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``; modules are imported only when their command runs, so ``lynx --help``
+stays fast and a missing optional dependency only breaks the command that needs it.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (group, command) -> (module, one-line help). A group of None is a top-level command.
+COMMANDS: dict[tuple[str | None, str], tuple[str, str]] = {
+    ("eval", "codecs"): ("lynx_npu.eval.codecs_cmd", "codec error on real KV of a real model"),
+    ("eval", "sweep"): ("lynx_npu.eval.sweep_cmd", "alpha / V-axis / sink sweep with a PNG plot"),
+    ("bench", "kernels"): ("lynx_npu.eval.bench_kernels", "compress/decompress GB/s per backend"),
+    ("bench", "transfer"): ("lynx_npu.transport.bench_cmd", "split-stream transfer over loopback"),
+    (None, "demo"): ("lynx_npu.integration.vllm_ascend.demo",
+                     "prefill + decode vLLM instances with Lynx KV transfer"),
+}
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lynx", description=__doc__.splitlines()[0])
+    top = parser.add_subparsers(dest="group", required=True)
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for (group, name), (module, help_) in COMMANDS.items():
+        if group is None:
+            sub = top.add_parser(name, help=help_)
+        else:
+            if group not in groups:
+                groups[group] = top.add_parser(group, help=f"{group} commands").add_subparsers(
+                    dest="command", required=True)
+            sub = groups[group].add_parser(name, help=help_)
+        sub.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _build_parser()
+    # Parse once to find the module, then let it add its own arguments and parse again.
+    known, _ = parser.parse_known_args(argv)
+    module = importlib.import_module(known._module)
+    sub = _build_parser()
+    for action in sub._subparsers._group_actions:  # find the chosen leaf parser
+        leaf = action.choices[known.group]
+        if getattr(known, "command", None):
+            leaf = leaf._subparsers._group_actions[0].choices[known.command]
+        module.add_arguments(leaf)
+    args = sub.parse_args(argv)
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""lynx_npu.spec"""
