@@ -7,6 +7,7 @@ is the exact number of bytes that stage puts on the wire, every scalar included.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -78,3 +79,89 @@ class Codec(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+@dataclass(frozen=True)
+class EncodedPage:
+    """One page of one layer: the transport's unit (one anchor frame + one residual frame)."""
+
+    index: int
+    token_start: int
+    token_end: int
+    anchor: torch.Tensor            # uint8 1-D: first stream (codes + every scalar)
+    residual: torch.Tensor | None   # uint8 1-D, or None for one-stream codecs
+
+
+@dataclass(frozen=True)
+class TensorEncoded(Encoded):
+    """An encoding made of named tensors, each belonging to one stage."""
+
+    fields: tuple[tuple[str, str, torch.Tensor], ...]  # (name, stage, tensor)
+
+    def nbytes(self, stage: str = "full") -> int:
+        self.check_stage(stage)
+        upto = self.stages.index(stage)
+        return sum(t.numel() * t.element_size() for _, s, t in self.fields
+                   if self.stages.index(s) <= upto)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        for n, _, t in self.fields:
+            if n == name:
+                return t
+        raise KeyError(name)
+
+
+class TensorCodec(Codec):
+    """A codec whose encoding is a fixed set of tensors (shapes depend only on the input shape).
+
+    It gets the paged wire view for free: a page is ``page_size`` tokens encoded on their own,
+    its fields' raw bytes concatenated in order (first stage -> anchor, later -> residual).
+    """
+
+    page_size: int = 256
+
+    def encode_pages(self, k: torch.Tensor, v: torch.Tensor) -> list[EncodedPage]:
+        validate_kv(k, v)
+        pages = []
+        for i, start in enumerate(range(0, k.shape[1], self.page_size)):
+            end = min(start + self.page_size, k.shape[1])
+            enc = self.encode(k[:, start:end], v[:, start:end])
+            first = [t for _, s, t in enc.fields if s == self.stages[0]]
+            rest = [t for _, s, t in enc.fields if s != self.stages[0]]
+            pages.append(EncodedPage(i, start, end, _cat_bytes(first),
+                                     _cat_bytes(rest) if rest else None))
+        return pages
+
+    def decode_page(self, anchor, residual, token_start, token_end, *, num_kv_heads, head_dim,
+                    dtype):
+        shape = (num_kv_heads, token_end - token_start, head_dim)
+        # The field shapes are those of any encoding of this shape: take them from zeros.
+        zeros = torch.zeros(shape, dtype=dtype, device=anchor.device)
+        template = self.encode(zeros, zeros)
+        streams = {self.stages[0]: anchor}
+        if residual is not None and len(self.stages) > 1:
+            streams[self.stages[1]] = residual
+        fields, offsets = [], {s: 0 for s in streams}
+        for name, stage, t in template.fields:
+            if stage not in streams:
+                fields.append((name, stage, t))  # not received: placeholder, never read
+                continue
+            nb = t.numel() * t.element_size()
+            buf = streams[stage]
+            if offsets[stage] + nb > buf.numel():
+                raise ValueError(f"{stage} page buffer of {buf.numel()} bytes is too short for "
+                                 f"field {name!r} of {self.name}")
+            raw = buf[offsets[stage]:offsets[stage] + nb].contiguous()
+            fields.append((name, stage, raw.view(t.dtype).view(t.shape)))
+            offsets[stage] += nb
+        for stage, buf in streams.items():
+            if offsets[stage] != buf.numel():
+                raise ValueError(f"{stage} page buffer has {buf.numel()} bytes; {self.name} "
+                                 f"expects {offsets[stage]}")
+        enc = dataclasses.replace(template, fields=tuple(fields))
+        stage = self.stages[-1] if len(streams) == len(self.stages) else self.stages[0]
+        return self.decode(enc, stage)
+
+
+def _cat_bytes(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.contiguous().view(torch.uint8).reshape(-1) for t in tensors])

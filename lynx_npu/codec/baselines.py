@@ -1,0 +1,146 @@
+"""Baseline codecs measured beside Lynx: bf16, int8, int4, kivi4 and quantspec.
+
+- ``int8`` / ``int4``: asymmetric, one (scale, min) per token per head.
+- ``kivi4``: KIVI's layout: K per channel over groups of 32 tokens, V per token per head.
+- ``quantspec``: QuantSpec's hierarchical INT8 = 16 * upper + lower: the upper INT4 is
+  asymmetric (K per channel over ``group_size`` tokens, V per token), the lower INT4 quantizes
+  the upper's error symmetrically with step scale/16 (QuantSpec §4.2). Stages anchor/full.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import affine
+from .base import TensorCodec, TensorEncoded, validate_kv
+from .packing import pack_bits, unpack_bits
+from .registry import register_codec
+
+
+class BF16Codec(TensorCodec):
+    name = "bf16"
+
+    def params(self) -> dict:
+        return {}
+
+    def encode(self, k, v) -> TensorEncoded:
+        validate_kv(k, v)
+        return TensorEncoded(tuple(k.shape), k.dtype, self.stages,
+                             (("k", "full", k.to(torch.bfloat16).contiguous()),
+                              ("v", "full", v.to(torch.bfloat16).contiguous())))
+
+    def decode(self, enc, stage="full"):
+        enc.check_stage(stage)
+        return enc["k"].to(enc.dtype), enc["v"].to(enc.dtype)
+
+
+class AffineCodec(TensorCodec):
+    """Asymmetric uniform quantization with a per-tensor (K, V) grouping axis."""
+
+    def __init__(self, bits: int, k_axis: str, v_axis: str, group_size: int = 32):
+        if bits not in (2, 3, 4, 5, 6, 7, 8):
+            raise ValueError(f"{bits=} must be in [2, 8]")
+        if group_size < 1:
+            raise ValueError(f"{group_size=} must be >= 1")
+        self.bits, self.group_size = bits, group_size
+        self.axes = {"k": k_axis, "v": v_axis}
+
+    def params(self) -> dict:
+        return {}
+
+    def encode(self, k, v) -> TensorEncoded:
+        validate_kv(k, v)
+        fields = []
+        for which, x in (("k", k), ("v", v)):
+            codes, scale, mn = affine.quantize(x, self.bits, self.axes[which], self.group_size)
+            fields += [(f"{which}_codes", "full", pack_bits(codes.reshape(-1), self.bits)),
+                       (f"{which}_scale", "full", scale), (f"{which}_min", "full", mn)]
+        return TensorEncoded(tuple(k.shape), k.dtype, self.stages, tuple(fields))
+
+    def decode(self, enc, stage="full"):
+        enc.check_stage(stage)
+        out = []
+        for which in "kv":
+            codes = unpack_bits(enc[f"{which}_codes"], self.bits, _numel(enc.shape)).view(enc.shape)
+            out.append(affine.dequantize(codes, enc[f"{which}_scale"], enc[f"{which}_min"],
+                                         self.axes[which], self.group_size).to(enc.dtype))
+        return out[0], out[1]
+
+
+def _numel(shape) -> int:
+    h, t, d = shape
+    return h * t * d
+
+
+class Int8Codec(AffineCodec):
+    name = "int8"
+
+    def __init__(self):
+        super().__init__(8, "token", "token")
+
+
+class Int4Codec(AffineCodec):
+    name = "int4"
+
+    def __init__(self):
+        super().__init__(4, "token", "token")
+
+
+class Kivi4Codec(AffineCodec):
+    name = "kivi4"
+
+    def __init__(self, group_size: int = 32):
+        super().__init__(4, "channel", "token", group_size)
+
+    def params(self) -> dict:
+        return {"group_size": self.group_size}
+
+
+class QuantSpecCodec(TensorCodec):
+    name = "quantspec"
+    stages = ("anchor", "full")
+
+    def __init__(self, group_size: int = 128):
+        if group_size < 1:
+            raise ValueError(f"{group_size=} must be >= 1")
+        self.group_size = group_size
+        self.axes = {"k": "channel", "v": "token"}
+
+    def params(self) -> dict:
+        return {"group_size": self.group_size}
+
+    def encode(self, k, v) -> TensorEncoded:
+        validate_kv(k, v)
+        upper, lower = [], []
+        for which, x in (("k", k), ("v", v)):
+            axis = self.axes[which]
+            codes, scale, mn = affine.quantize(x, 4, axis, self.group_size)
+            err = x.float() - affine.dequantize(codes, scale, mn, axis, self.group_size)
+            lstep = affine.step(scale, axis, x.shape[1], self.group_size) / 16
+            low = torch.where(lstep > 0, err / torch.where(lstep > 0, lstep, 1.0), 0.0)
+            low = low.round().clamp(-8, 7).to(torch.int64)
+            upper += [(f"{which}_upper", "anchor", pack_bits(codes.reshape(-1), 4)),
+                      (f"{which}_scale", "anchor", scale), (f"{which}_min", "anchor", mn)]
+            lower.append((f"{which}_lower", "full", pack_bits(low.reshape(-1), 4)))
+        return TensorEncoded(tuple(k.shape), k.dtype, self.stages, tuple(upper + lower))
+
+    def decode(self, enc, stage="full"):
+        enc.check_stage(stage)
+        out = []
+        n = _numel(enc.shape)
+        for which in "kv":
+            axis = self.axes[which]
+            codes = unpack_bits(enc[f"{which}_upper"], 4, n).view(enc.shape)
+            scale = enc[f"{which}_scale"]
+            x = affine.dequantize(codes, scale, enc[f"{which}_min"], axis, self.group_size)
+            if stage == "full":
+                low = unpack_bits(enc[f"{which}_lower"], 4, n, signed=True).view(enc.shape)
+                x = x + low.float() * (affine.step(scale, axis, enc.shape[1], self.group_size) / 16)
+            out.append(x.to(enc.dtype))
+        return out[0], out[1]
+
+
+register_codec("bf16", BF16Codec)
+register_codec("int8", Int8Codec)
+register_codec("int4", Int4Codec)
+register_codec("kivi4", Kivi4Codec)
+register_codec("quantspec", QuantSpecCodec)

@@ -1,0 +1,234 @@
+"""The Lynx codecs: ``lynx`` (split anchor + residual), ``lynx-int4`` (anchor only) and
+``lynx-int8`` (both halves as one stream). Byte layout: lynx_layout.py; math: lynx_ref.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import lynx_ref
+from .base import Codec, Encoded, EncodedPage, validate_kv
+from .lynx_config import LynxConfig, make_config
+from .lynx_layout import SCALAR_DTYPE, PageLayout, PageSpan, page_layout, page_spans
+from .packing import pack_bits, packed_nbytes, unpack_bits
+from .registry import register_codec
+
+
+@dataclass(frozen=True)
+class EncodedLynx(Encoded):
+    config: LynxConfig
+    anchor: torch.Tensor            # uint8, every page's anchor buffer back to back
+    residual: torch.Tensor | None   # uint8, every page's residual buffer back to back
+
+    def nbytes(self, stage: str = "full") -> int:
+        self.check_stage(stage)
+        n = self.anchor.numel()
+        if stage == "full" and self.residual is not None:
+            n += self.residual.numel()
+        return n
+
+
+def _pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """[n, L] signed codes -> [n, packed_nbytes(L, bits)] bytes, one packed stream per row."""
+    n, length = values.shape
+    if (length * bits) % 8 == 0:
+        return pack_bits(values.reshape(-1), bits).view(n, -1)
+    return torch.stack([pack_bits(row, bits) for row in values])
+
+
+def _unpack_rows(data: torch.Tensor, bits: int, length: int) -> torch.Tensor:
+    n = data.shape[0]
+    if (length * bits) % 8 == 0:
+        return unpack_bits(data.reshape(-1), bits, n * length, signed=True).view(n, length)
+    return torch.stack([unpack_bits(row, bits, length, signed=True) for row in data])
+
+
+def _put(buf: torch.Tensor, layout: PageLayout, name: str, data: torch.Tensor) -> None:
+    s = layout.section(name)
+    raw = data.contiguous().view(torch.uint8).reshape(buf.shape[0], -1)
+    assert raw.shape[1] == s.nbytes, (name, raw.shape, s)
+    buf[:, s.offset:s.offset + s.nbytes] = raw
+
+
+def _get(buf: torch.Tensor, layout: PageLayout, name: str, dtype: torch.dtype) -> torch.Tensor:
+    s = layout.section(name)
+    return buf[:, s.offset:s.offset + s.nbytes].contiguous().view(dtype)
+
+
+class LynxCodec(Codec):
+    """Split-stream Lynx. Stages: "anchor" (sign + MSBs + scalars + sinks), "full" (8 bits)."""
+
+    name = "lynx"
+    stages = ("anchor", "full")
+
+    def __init__(self, preset: str | None = None, **overrides):
+        self.config = make_config(preset, **overrides)
+
+    def params(self) -> dict:
+        from dataclasses import asdict
+        return asdict(self.config)
+
+    # -- whole layer -------------------------------------------------------------------------
+    def encode(self, k: torch.Tensor, v: torch.Tensor) -> EncodedLynx:
+        validate_kv(k, v)
+        anchors, residuals = [], []
+        for pages, spans in self._blocks(k.shape[1]):
+            a, r = self._encode_block(k, v, spans)
+            anchors.append(a.reshape(-1))
+            residuals.append(r.reshape(-1))
+        return self._wrap(tuple(k.shape), k.dtype, torch.cat(anchors), torch.cat(residuals))
+
+    def _wrap(self, shape, dtype, anchor, residual) -> EncodedLynx:
+        return EncodedLynx(shape, dtype, self.stages, self.config, anchor, residual)
+
+    def decode(self, enc: EncodedLynx, stage: str = "full"):
+        enc.check_stage(stage)
+        h, t, d = enc.shape
+        use_res = stage == "full"
+        ks, vs = [], []
+        a_off = r_off = 0
+        for pages, spans in self._blocks(t):
+            lay = self._layout(h, d, enc.dtype, spans[0])
+            n = len(spans)
+            a = enc.anchor[a_off:a_off + n * lay.anchor_nbytes].view(n, -1)
+            r = enc.residual[r_off:r_off + n * lay.residual_nbytes].view(n, -1) if use_res else None
+            a_off += n * lay.anchor_nbytes
+            r_off += n * lay.residual_nbytes
+            kb, vb = self._decode_block(a, r, lay, h, d, enc.dtype)
+            ks.append(kb)
+            vs.append(vb)
+        return torch.cat(ks, dim=1), torch.cat(vs, dim=1)
+
+    # -- pages (the transport's unit) ---------------------------------------------------------
+    def encode_pages(self, k: torch.Tensor, v: torch.Tensor) -> list[EncodedPage]:
+        validate_kv(k, v)
+        out = []
+        for pages, spans in self._blocks(k.shape[1]):
+            a, r = self._encode_block(k, v, spans)
+            out += [EncodedPage(s.index, s.token_start, s.token_end, a[j], r[j])
+                    for j, s in enumerate(spans)]
+        return out
+
+    def decode_page(self, anchor, residual, token_start, token_end, *, num_kv_heads, head_dim,
+                    dtype):
+        ns = min(self.config.num_sink_tokens, token_end) if token_start == 0 else 0
+        span = PageSpan(-1, token_start, token_end, token_start + ns, ns)
+        lay = self._layout(num_kv_heads, head_dim, dtype, span)
+        _check_len("anchor", anchor, lay.anchor_nbytes)
+        if residual is not None:
+            _check_len("residual", residual, lay.residual_nbytes)
+            residual = residual.view(1, -1)
+        k, v = self._decode_block(anchor.view(1, -1), residual, lay, num_kv_heads, head_dim, dtype)
+        return k, v
+
+    # -- internals ----------------------------------------------------------------------------
+    def _blocks(self, num_tokens: int):
+        """Group page spans into runs of equal shape (page 0, full pages, the ragged tail)."""
+        spans = page_spans(self.config, num_tokens)
+        groups: list[list[PageSpan]] = []
+        for s in spans:
+            if groups and s.num_sink == 0 and groups[-1][0].num_sink == 0 \
+                    and groups[-1][0].num_tokens == s.num_tokens:
+                groups[-1].append(s)
+            else:
+                groups.append([s])
+        return [(len(g), g) for g in groups]
+
+    def _layout(self, h: int, d: int, dtype, span: PageSpan) -> PageLayout:
+        return page_layout(self.config, h, d, dtype, span.num_tokens, span.num_sink)
+
+    def _encode_block(self, k, v, spans: list[PageSpan]):
+        h, _, d = k.shape
+        n, s0 = len(spans), spans[0]
+        tp = s0.num_tokens
+        lay = self._layout(h, d, k.dtype, s0)
+        cfg = self.config
+        anchor = torch.zeros(n, lay.anchor_nbytes, dtype=torch.uint8, device=k.device)
+        residual = torch.zeros(n, lay.residual_nbytes, dtype=torch.uint8, device=k.device)
+        for which, x in (("k", k), ("v", v)):
+            if tp:
+                body = x[:, s0.body_start:s0.body_start + n * tp].reshape(h, n, tp, d).transpose(0, 1)
+                a, r, gamma, stats = lynx_ref.quantize(body, cfg, which)
+                _put(anchor, lay, f"{which}_codes", _pack_rows(a.reshape(n, -1), cfg.anchor_bits))
+                _put(residual, lay, f"{which}_res", _pack_rows(r.reshape(n, -1), cfg.residual_bits))
+                _put(anchor, lay, f"{which}_gamma", gamma)
+                _put(anchor, lay, f"{which}_stats", stats)
+            if s0.num_sink:
+                _put(anchor, lay, f"{which}_sink", x[:, :s0.num_sink].unsqueeze(0))
+        return anchor, residual
+
+    def _decode_block(self, anchor, residual, lay: PageLayout, h, d, dtype):
+        n, tp, cfg = anchor.shape[0], lay.num_tokens, self.config
+        out = []
+        for which in "kv":
+            parts = []
+            if lay.num_sink:
+                parts.append(_get(anchor, lay, f"{which}_sink", dtype).view(n, h, lay.num_sink, d))
+            if tp:
+                count = h * tp * d
+                a = _unpack_rows(_get(anchor, lay, f"{which}_codes", torch.uint8),
+                                 cfg.anchor_bits, count).view(n, h, tp, d)
+                r = None
+                if residual is not None:
+                    r = _unpack_rows(_get(residual, lay, f"{which}_res", torch.uint8),
+                                     cfg.residual_bits, count).view(n, h, tp, d)
+                gamma = _get(anchor, lay, f"{which}_gamma", dtype).view(n, 2, h * d)
+                stats = _get(anchor, lay, f"{which}_stats", SCALAR_DTYPE).view(n, 2, -1)
+                parts.append(lynx_ref.dequantize(a, r, gamma, stats, cfg, which, dtype))
+            x = torch.cat(parts, dim=2)                 # [n, H, tokens, D]
+            out.append(x.transpose(0, 1).reshape(h, -1, d))
+        return out[0], out[1]
+
+
+def _check_len(name: str, buf: torch.Tensor, expected: int) -> None:
+    if buf.dtype != torch.uint8 or buf.dim() != 1:
+        raise ValueError(f"{name} page buffer must be a 1-D uint8 tensor, got {buf.dtype} "
+                         f"of shape {tuple(buf.shape)}")
+    if buf.numel() != expected:
+        raise ValueError(f"{name} page buffer has {buf.numel()} bytes; the layout needs {expected}")
+
+
+class LynxInt4Codec(LynxCodec):
+    """The anchor alone: Lynx's hierarchical quantization at ~4 bits, one stream."""
+
+    name = "lynx-int4"
+    stages = ("anchor",)
+
+    def _wrap(self, shape, dtype, anchor, residual) -> EncodedLynx:
+        return EncodedLynx(shape, dtype, self.stages, self.config, anchor, None)
+
+    def encode_pages(self, k, v):
+        return [EncodedPage(p.index, p.token_start, p.token_end, p.anchor, None)
+                for p in super().encode_pages(k, v)]
+
+    def decode_page(self, anchor, residual, token_start, token_end, **kw):
+        return super().decode_page(anchor, None, token_start, token_end, **kw)
+
+
+class LynxInt8Codec(LynxCodec):
+    """Anchor and residual as one 8-bit stream: decoding waits for all of it."""
+
+    name = "lynx-int8"
+    stages = ("full",)
+
+    def encode_pages(self, k, v):
+        return [EncodedPage(p.index, p.token_start, p.token_end,
+                            torch.cat([p.anchor, p.residual]), None)
+                for p in super().encode_pages(k, v)]
+
+    def decode_page(self, anchor, residual, token_start, token_end, *, num_kv_heads, head_dim,
+                    dtype):
+        ns = min(self.config.num_sink_tokens, token_end) if token_start == 0 else 0
+        lay = page_layout(self.config, num_kv_heads, head_dim, dtype, token_end - token_start - ns, ns)
+        _check_len("lynx-int8", anchor, lay.anchor_nbytes + lay.residual_nbytes)
+        return super().decode_page(anchor[:lay.anchor_nbytes], anchor[lay.anchor_nbytes:],
+                                   token_start, token_end, num_kv_heads=num_kv_heads,
+                                   head_dim=head_dim, dtype=dtype)
+
+
+register_codec("lynx", LynxCodec)
+register_codec("lynx-int4", LynxInt4Codec)
+register_codec("lynx-int8", LynxInt8Codec)
+
+__all__ = ["EncodedLynx", "LynxCodec", "LynxInt4Codec", "LynxInt8Codec", "LynxConfig",
+           "packed_nbytes"]

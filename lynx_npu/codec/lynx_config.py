@@ -1,0 +1,90 @@
+"""Configuration of the Lynx hierarchical codec (Algorithm 1 of the Lynx paper + DESIGN §3).
+
+Every value is quantized to an 8-bit magnitude code ``I`` in ``[0, y_max]`` plus a sign, then
+split into an ``anchor_bits``-bit anchor (sign + top bits) and a ``residual_bits``-bit signed
+correction. ``y_max = (2**(anchor_bits-1) - 1) << residual_bits`` is the largest value whose
+anchor magnitude still fits beside the sign, so the chunk maximum (|x| = 1) is reconstructed
+exactly by the anchor alone and nothing is clamped (4+4: y_max = 112, anchor [-8, 7],
+residual [-8, 7]; the paper's literal 127 would need an 18-value anchor).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+TOTAL_BITS = 8
+AXES = ("channel", "token")
+
+
+@dataclass(frozen=True)
+class LynxConfig:
+    page_size: int = 256         # tokens per page (P): scalars gamma are per channel per page
+    chunk_size: int = 32         # values per chunk (C): scalars mu, sigma are per chunk
+    alpha_k: float = 3.0         # alpha-law skew of the log transform, K
+    alpha_v: float = 3.0         # alpha-law skew of the log transform, V
+    anchor_bits: int = 4         # sign + MSBs sent first; the residual holds 8 - anchor_bits
+    k_axis: str = "channel"      # chunks of K: "channel" = C tokens of one channel (paper)
+    v_axis: str = "token"        # chunks of V: "token" = C head_dim values of one token
+    num_sink_tokens: int = 4     # leading tokens of the sequence sent exact with the anchor
+
+    def __post_init__(self):
+        if self.page_size < 1:
+            raise ValueError(f"{self.page_size=} must be >= 1")
+        if self.chunk_size < 1:
+            raise ValueError(f"{self.chunk_size=} must be >= 1")
+        if self.k_axis == "channel" and self.page_size % self.chunk_size:
+            raise ValueError(f"{self.page_size=} must be a multiple of {self.chunk_size=}")
+        for name in ("alpha_k", "alpha_v"):
+            a = getattr(self, name)
+            if not (isinstance(a, (int, float)) and 0 < a < 1e6):
+                raise ValueError(f"{name}={a!r} must be a number in (0, 1e6)")
+        if not 2 <= self.anchor_bits <= TOTAL_BITS - 1:
+            raise ValueError(f"{self.anchor_bits=} must be in [2, {TOTAL_BITS - 1}] "
+                             f"(the residual takes the other {TOTAL_BITS} - anchor_bits)")
+        for name in ("k_axis", "v_axis"):
+            if getattr(self, name) not in AXES:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be one of {AXES}")
+        if self.num_sink_tokens < 0:
+            raise ValueError(f"{self.num_sink_tokens=} must be >= 0")
+
+    @property
+    def residual_bits(self) -> int:
+        return TOTAL_BITS - self.anchor_bits
+
+    @property
+    def y_max(self) -> int:
+        return ((1 << (self.anchor_bits - 1)) - 1) << self.residual_bits
+
+    @property
+    def bias(self) -> int:
+        """Round-half-down bias (+7 for 4+4): the residual becomes a centred signed correction."""
+        return (1 << (self.residual_bits - 1)) - 1
+
+    def alpha(self, which: str) -> float:
+        return float(self.alpha_k if which == "k" else self.alpha_v)
+
+    def axis(self, which: str) -> str:
+        return self.k_axis if which == "k" else self.v_axis
+
+    def replace(self, **changes) -> "LynxConfig":
+        return dataclasses.replace(self, **changes)
+
+
+PRESETS: dict[str, LynxConfig] = {
+    # The paper's literal axes (K and V chunked per channel), no exact sinks, mu-law alpha.
+    "paper": LynxConfig(alpha_k=255.0, alpha_v=255.0, k_axis="channel", v_axis="channel",
+                        num_sink_tokens=0),
+    "default": LynxConfig(),
+}
+
+
+def make_config(preset: str | None = None, **overrides) -> LynxConfig:
+    if preset is None:
+        preset = "default"
+    if preset not in PRESETS:
+        raise ValueError(f"unknown lynx preset {preset!r}; presets: {', '.join(PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(LynxConfig)}
+    unknown = set(overrides) - fields
+    if unknown:
+        raise ValueError(f"unknown lynx parameter(s) {sorted(unknown)}; parameters: {sorted(fields)}")
+    return PRESETS[preset].replace(**overrides)

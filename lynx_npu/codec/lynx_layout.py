@@ -1,0 +1,122 @@
+"""Byte layout of Lynx pages (wire format v1): described once, as data, for every backend.
+
+A layer of ``T`` tokens is cut into pages of the *body* (the tokens after the
+``num_sink_tokens`` exact sinks): page ``i`` quantizes body tokens ``[i*P, min((i+1)*P, Tb))``;
+page 0 also carries the sinks, so its token span starts at 0. Each page has one contiguous
+anchor buffer and one contiguous residual buffer, made of sections that each start at a
+multiple of ``ALIGN`` bytes (zero padding in between; Ascend DMA wants 32-byte alignment):
+
+anchor:   k_codes, v_codes   anchor codes of [H, Tp, D] in row-major order, packed (packing.py)
+          k_gamma, v_gamma   [2, H*D] in the KV dtype: per-channel page min, then page max
+          k_stats, v_stats   [2, num_chunks] float16: chunk mean mu, then chunk scale sigma
+          k_sink, v_sink     [H, num_sink, D] in the KV dtype, page 0 only
+residual: k_res, v_res       residual codes of [H, Tp, D], packed
+
+Chunk order: axis "channel" (C tokens of one channel) -> [H, ceil(Tp/C), D];
+axis "token" (C head_dim values of one token) -> [H, Tp, ceil(D/C)]. The last chunk of a
+ragged page or head_dim is short; no padding values enter any statistic.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .lynx_config import LynxConfig
+from .packing import packed_nbytes
+
+ALIGN = 32
+SCALAR_DTYPE = torch.float16  # mu and sigma live in the page-normalised domain [0, 1]
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def num_chunks(axis: str, num_heads: int, num_tokens: int, head_dim: int, chunk: int) -> int:
+    if axis == "channel":
+        return num_heads * -(-num_tokens // chunk) * head_dim
+    return num_heads * num_tokens * -(-head_dim // chunk)
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    num_tokens: int   # body tokens quantized in this page (Tp)
+    num_sink: int     # exact sink tokens carried (page 0 only)
+    anchor: tuple[Section, ...]
+    residual: tuple[Section, ...]
+    anchor_nbytes: int
+    residual_nbytes: int
+
+    def section(self, name: str) -> Section:
+        for s in self.anchor + self.residual:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+
+def _sections(sizes: list[tuple[str, int]]) -> tuple[tuple[Section, ...], int]:
+    out, off = [], 0
+    for name, n in sizes:
+        out.append(Section(name, off, n))
+        off = _align(off + n)
+    end = out[-1].offset + out[-1].nbytes if out else 0
+    return tuple(out), end
+
+
+@functools.lru_cache(maxsize=4096)
+def page_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.dtype,
+                num_tokens: int, num_sink: int) -> PageLayout:
+    n = num_heads * num_tokens * head_dim
+    es = _itemsize(dtype)
+    gamma = 2 * num_heads * head_dim * es if num_tokens else 0
+    anchor = [("k_codes", packed_nbytes(n, cfg.anchor_bits)),
+              ("v_codes", packed_nbytes(n, cfg.anchor_bits)),
+              ("k_gamma", gamma), ("v_gamma", gamma)]
+    for which in "kv":
+        nc = num_chunks(cfg.axis(which), num_heads, num_tokens, head_dim, cfg.chunk_size)
+        anchor.append((f"{which}_stats", 2 * nc * _itemsize(SCALAR_DTYPE)))
+    if num_sink:
+        sink = num_heads * num_sink * head_dim * es
+        anchor += [("k_sink", sink), ("v_sink", sink)]
+    residual = [("k_res", packed_nbytes(n, cfg.residual_bits)),
+                ("v_res", packed_nbytes(n, cfg.residual_bits))]
+    a, a_n = _sections(anchor)
+    r, r_n = _sections(residual)
+    return PageLayout(num_tokens, num_sink, a, r, a_n, r_n)
+
+
+@dataclass(frozen=True)
+class PageSpan:
+    index: int
+    token_start: int  # first token of the layer this page restores (0 for page 0: the sinks)
+    token_end: int
+    body_start: int   # first quantized token
+    num_sink: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_end - self.body_start
+
+
+def page_spans(cfg: LynxConfig, num_tokens: int) -> list[PageSpan]:
+    ns = min(cfg.num_sink_tokens, num_tokens)
+    spans, start, i = [], ns, 0
+    while True:
+        end = min(start + cfg.page_size, num_tokens)
+        spans.append(PageSpan(i, 0 if i == 0 else start, end, start, ns if i == 0 else 0))
+        if end >= num_tokens:
+            return spans
+        start, i = end, i + 1

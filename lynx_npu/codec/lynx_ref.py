@@ -1,0 +1,115 @@
+"""Reference Lynx hierarchical quantization (Algorithm 1, corrected per DESIGN §3).
+
+This file is the specification every kernel (Triton, CPU, Ascend C) reproduces byte for byte.
+All arithmetic is float32 in this order:
+
+  encode  gmin, gmax = min, max over the page's tokens, per channel   (stored in the KV dtype)
+          scale = gmax - gmin;  xn = (x - gmin) / scale   (0 where scale == 0)
+          mu = f16(sum(xn over chunk) / count);  xc = xn - mu
+          sigma = f16(max |xc| over chunk);  xf = xc / sigma   (0 where sigma == 0)
+          I = #{j : thresholds[j] <= |xf|}          (lynx_tables.py; round-half-up of Eq. 3)
+          m = (I + bias) >> r;  res = (m << r) - I   (round-half-down split, Alg. 1 l.14-17)
+          anchor = m if xf >= 0 else -m - 1           (sign of the *centred* value, l.18)
+  decode  I' = m << r (anchor stage) or (m << r) - res (full stage)
+          x' = ((+-levels[I']) * sigma + mu) * scale + gmin,  cast to the KV dtype
+"""
+from __future__ import annotations
+
+import torch
+
+from . import lynx_tables
+from .lynx_config import LynxConfig
+from .lynx_layout import SCALAR_DTYPE
+
+
+def _chunked(xn: torch.Tensor, axis: str, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, H, Tp, D] -> ([n, H, A, nc, C] zero-padded, validity mask of the same shape)."""
+    t = xn.transpose(2, 3) if axis == "channel" else xn  # chunked axis last
+    length = t.shape[-1]
+    nc = -(-length // chunk)
+    pad = nc * chunk - length
+    mask = torch.ones(length, dtype=torch.bool, device=xn.device)
+    if pad:
+        t = torch.nn.functional.pad(t, (0, pad))
+        mask = torch.nn.functional.pad(mask, (0, pad))
+    return t.reshape(*t.shape[:-1], nc, chunk), mask.view(nc, chunk)
+
+
+def _unchunked(t: torch.Tensor, axis: str, length: int) -> torch.Tensor:
+    t = t.reshape(*t.shape[:-2], -1)[..., :length]
+    return t.transpose(2, 3) if axis == "channel" else t
+
+
+def _stats_order(s: torch.Tensor, axis: str) -> torch.Tensor:
+    """[n, H, A, nc] -> layout order [n, H*...] (channel: [H, nc, D]; token: [H, Tp, nc])."""
+    s = s.transpose(2, 3) if axis == "channel" else s
+    return s.reshape(s.shape[0], -1)
+
+
+def _stats_unorder(s: torch.Tensor, axis: str, num_heads: int, a_len: int) -> torch.Tensor:
+    n = s.shape[0]
+    if axis == "channel":
+        return s.view(n, num_heads, -1, a_len).transpose(2, 3)
+    return s.view(n, num_heads, a_len, -1)
+
+
+def quantize(x: torch.Tensor, cfg: LynxConfig, which: str):
+    """Quantize ``n`` pages of equal length. x: [n, H, Tp, D] (any float dtype).
+
+    Returns (anchor [n,H,Tp,D] int64 signed, residual [n,H,Tp,D] int64 signed,
+    gamma [n, 2, H*D] in x.dtype, stats [n, 2, num_chunks] float16).
+    """
+    n, h, tp, d = x.shape
+    axis = cfg.axis(which)
+    xf32 = x.float()
+    gmin = xf32.amin(dim=2, keepdim=True)
+    gmax = xf32.amax(dim=2, keepdim=True)
+    scale = gmax - gmin
+    xn = torch.where(scale > 0, (xf32 - gmin) / torch.where(scale > 0, scale, 1.0),
+                     torch.zeros_like(xf32))
+
+    chunks, mask = _chunked(xn, axis, cfg.chunk_size)
+    count = mask.sum(dim=-1).to(torch.float32)
+    mu = (chunks.sum(dim=-1) / count).to(SCALAR_DTYPE)
+    xc = chunks - mu.float().unsqueeze(-1)
+    sigma = torch.where(mask, xc.abs(), 0.0).amax(dim=-1).to(SCALAR_DTYPE)
+    sig32 = sigma.float().unsqueeze(-1)
+    xfin = torch.where(sig32 > 0, xc / torch.where(sig32 > 0, sig32, 1.0), torch.zeros_like(xc))
+    xfin = _unchunked(xfin, axis, tp if axis == "channel" else d)
+
+    r = cfg.residual_bits
+    thr = lynx_tables.thresholds(cfg.alpha(which), cfg.y_max, device=x.device)
+    i = torch.searchsorted(thr, xfin.abs().contiguous(), right=True).to(torch.int64)
+    m = (i + cfg.bias) >> r
+    residual = (m << r) - i
+    anchor = torch.where(xfin < 0, -m - 1, m)
+
+    gamma = torch.stack([gmin.reshape(n, -1), gmax.reshape(n, -1)], dim=1).to(x.dtype)
+    stats = torch.stack([_stats_order(mu, axis), _stats_order(sigma, axis)], dim=1)
+    return anchor, residual, gamma, stats
+
+
+def dequantize(anchor: torch.Tensor, residual: torch.Tensor | None, gamma: torch.Tensor,
+               stats: torch.Tensor, cfg: LynxConfig, which: str, dtype: torch.dtype) -> torch.Tensor:
+    """Inverse of :func:`quantize`; ``residual=None`` gives the anchor stage. -> [n,H,Tp,D]."""
+    n, h, tp, d = anchor.shape
+    axis = cfg.axis(which)
+    r = cfg.residual_bits
+    neg = anchor < 0
+    m = torch.where(neg, -anchor - 1, anchor)
+    i = m << r
+    if residual is not None:
+        i = i - residual
+    lv = lynx_tables.levels(cfg.alpha(which), cfg.y_max, device=anchor.device)
+    mag = lv[i.clamp(0, cfg.y_max)]
+    xfin = torch.where(neg, -mag, mag)
+
+    a_len = tp if axis == "channel" else d
+    mu = _stats_unorder(stats[:, 0].float(), axis, h, d if axis == "channel" else tp)
+    sigma = _stats_unorder(stats[:, 1].float(), axis, h, d if axis == "channel" else tp)
+    chunks, _ = _chunked(xfin, axis, cfg.chunk_size)
+    xn = _unchunked(chunks * sigma.unsqueeze(-1) + mu.unsqueeze(-1), axis, a_len)
+
+    g = gamma.float().view(n, 2, h, 1, d)
+    gmin, gmax = g[:, 0], g[:, 1]
+    return (xn * (gmax - gmin) + gmin).to(dtype)
