@@ -1,0 +1,52 @@
+"""A deliberately naive, loop-per-chunk transcription of the Lynx spec (lynx_ref.py docstring).
+
+It shares no code with the vectorized reference except the tables, so the two agreeing means
+the vectorization (reshapes, padding, chunk orders) is right. Small shapes only.
+"""
+import torch
+
+from lynx_npu.codec import lynx_tables
+
+
+def oracle_quantize(x: torch.Tensor, cfg, which: str):
+    """x: [H, Tp, D] one page -> dict of anchor/residual codes [H,Tp,D] and per-value step."""
+    h, tp, d = x.shape
+    x = x.float().clone()
+    thr = lynx_tables.thresholds(cfg.alpha(which), cfg.y_max)
+    lv = lynx_tables.levels(cfg.alpha(which), cfg.y_max)
+    anchor = torch.zeros(h, tp, d, dtype=torch.int64)
+    residual = torch.zeros_like(anchor)
+    spread = torch.zeros(h, tp, d)  # sigma * scale: xf units -> x units
+    c = cfg.chunk_size
+    for hh in range(h):
+        for dd in range(d):
+            col = x[hh, :, dd]
+            gmin, gmax = col.min(), col.max()
+            scale = gmax - gmin
+            xn = (col - gmin) / scale if scale > 0 else torch.zeros_like(col)
+            x[hh, :, dd] = xn
+            spread[hh, :, dd] = scale
+    chunks = []
+    if cfg.axis(which) == "channel":
+        for hh in range(h):
+            for dd in range(d):
+                for t0 in range(0, tp, c):
+                    chunks.append((hh, slice(t0, min(t0 + c, tp)), dd))
+    else:
+        for hh in range(h):
+            for t in range(tp):
+                for d0 in range(0, d, c):
+                    chunks.append((hh, t, slice(d0, min(d0 + c, d))))
+    r = cfg.residual_bits
+    for idx in chunks:
+        xn = x[idx]
+        mu = (xn.sum() / xn.numel()).half().float()
+        xc = xn - mu
+        sigma = xc.abs().max().half().float()
+        xf = xc / sigma if sigma > 0 else torch.zeros_like(xc)
+        i = (thr.unsqueeze(0) <= xf.abs().reshape(-1, 1)).sum(1).reshape(xf.shape)
+        m = (i + cfg.bias) >> r
+        residual[idx] = (m << r) - i
+        anchor[idx] = torch.where(xf < 0, -m - 1, m)
+        spread[idx] = spread[idx] * sigma
+    return anchor, residual, spread, lv

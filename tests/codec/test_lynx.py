@@ -1,0 +1,195 @@
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import lynx_npu
+from lynx_npu.codec import lynx_ref, lynx_tables
+from lynx_npu.codec.lynx_config import LynxConfig
+from lynx_npu.codec.lynx_layout import page_layout, page_spans
+
+from .lynx_oracle import oracle_quantize
+
+RAGGED = [1, 31, 33, 255, 257, 1000]
+SPLITS = [2, 3, 4, 6]
+
+
+def kv(h=2, t=64, d=16, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lap = torch.distributions.Laplace(0.0, 1.0)
+    k = (lap.sample((h, t, d)) * torch.linspace(0.2, 6, d)).to(dtype)  # outlier channels
+    v = (torch.randn(h, t, d, generator=g) * 0.5).to(dtype)
+    k[:, 0] *= 20  # an attention-sink-like first token
+    return k, v
+
+
+@pytest.mark.parametrize("anchor_bits", SPLITS)
+@pytest.mark.parametrize("axis", ["channel", "token"])
+def test_codes_match_naive_oracle(anchor_bits, axis):
+    cfg = LynxConfig(page_size=32, chunk_size=8, anchor_bits=anchor_bits, v_axis=axis,
+                     num_sink_tokens=0)
+    k, v = kv(h=2, t=29, d=16, dtype=torch.float16)
+    a, r, _, _ = lynx_ref.quantize(v.unsqueeze(0), cfg, "v")
+    oa, orr, _, _ = oracle_quantize(v[:, :29], cfg, "v")
+    assert torch.equal(a[0], oa)
+    assert torch.equal(r[0], orr)
+
+
+@pytest.mark.parametrize("anchor_bits", SPLITS)
+def test_code_ranges(anchor_bits):
+    cfg = LynxConfig(anchor_bits=anchor_bits, page_size=64, chunk_size=16)
+    k, _ = kv(t=200)
+    a, r, _, _ = lynx_ref.quantize(k[:, :192].reshape(2, 3, 64, 16).transpose(0, 1), cfg, "k")
+    ra = cfg.residual_bits
+    assert a.min() >= -(1 << (anchor_bits - 1)) and a.max() <= (1 << (anchor_bits - 1)) - 1
+    assert r.min() >= -(1 << (ra - 1)) and r.max() <= (1 << (ra - 1)) - 1
+    # the chunk maximum maps to |x| = 1 and the anchor alone reconstructs it (no clamping)
+    assert a.max() == (1 << (anchor_bits - 1)) - 1 and a.min() == -(1 << (anchor_bits - 1))
+
+
+@pytest.mark.parametrize("anchor_bits", SPLITS)
+@pytest.mark.parametrize("axis", ["channel", "token"])
+def test_error_within_the_rounding_interval(anchor_bits, axis):
+    """Each value decodes within its stage's widest rounding interval (x sigma x scale).
+
+    Rounding is to the nearest code in the log domain, so the full stage errs by at most the
+    distance from a level to its decision thresholds; the anchor stage, which rounds codes to
+    multiples of 2**residual_bits, by at most one anchor-level gap.
+    """
+    cfg = LynxConfig(page_size=40, chunk_size=8, anchor_bits=anchor_bits, v_axis=axis,
+                     num_sink_tokens=0)
+    _, v = kv(h=2, t=40, d=16, dtype=torch.float32)
+    a, r, gamma, stats = lynx_ref.quantize(v.unsqueeze(0), cfg, "v")
+    _, _, spread, lv = oracle_quantize(v, cfg, "v")
+    thr = lynx_tables.thresholds(cfg.alpha_v, cfg.y_max)
+    full_tol = torch.maximum(lv[1:] - thr, torch.cat([thr[1:], lv[-1:]]) - lv[1:]).max()
+    anchor_grid = lv[:: 1 << cfg.residual_bits]
+    anchor_tol = (anchor_grid[1:] - anchor_grid[:-1]).max()
+    for res, tol in ((None, anchor_tol), (r, full_tol)):
+        x_hat = lynx_ref.dequantize(a, res, gamma, stats, cfg, "v", torch.float32)[0]
+        bound = (tol + 1e-3) * spread + 1e-6 * v.abs() + 1e-7  # 1e-3: f16 sigma rounding
+        assert bool(((x_hat - v).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("tokens", RAGGED)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_ragged_roundtrip_and_sizes(tokens, dtype):
+    codec = lynx_npu.get_codec("lynx")
+    k, v = kv(h=3, t=tokens, d=64, dtype=dtype, seed=tokens)
+    enc = codec.encode(k, v)
+    cfg = codec.config
+    spans = page_spans(cfg, tokens)
+    lays = [page_layout(cfg, 3, 64, dtype, s.num_tokens, s.num_sink) for s in spans]
+    assert enc.nbytes("anchor") == sum(lay.anchor_nbytes for lay in lays)
+    assert enc.nbytes("full") == enc.nbytes("anchor") + sum(lay.residual_nbytes for lay in lays)
+    ka, va = codec.decode(enc, "anchor")
+    kf, vf = codec.decode(enc, "full")
+    for x, xa, xf in ((k, ka, kf), (v, va, vf)):
+        assert xa.shape == x.shape and xa.dtype == dtype
+        ns = min(cfg.num_sink_tokens, tokens)
+        assert torch.equal(xa[:, :ns], x[:, :ns]) and torch.equal(xf[:, :ns], x[:, :ns])
+        ea = (xa.float() - x.float()).pow(2).sum() / x.float().pow(2).sum()
+        ef = (xf.float() - x.float()).pow(2).sum() / x.float().pow(2).sum()
+        assert ef <= ea
+        if tokens > ns:
+            assert ea < 0.05 and ef < 1e-3
+
+
+def test_pages_decode_like_the_layer():
+    codec = lynx_npu.get_codec("lynx", page_size=64, chunk_size=16)
+    k, v = kv(h=3, t=300, d=32)
+    enc = codec.encode(k, v)
+    pages = codec.encode_pages(k, v)
+    assert torch.equal(torch.cat([p.anchor for p in pages]), enc.anchor)
+    assert torch.equal(torch.cat([p.residual for p in pages]), enc.residual)
+    assert pages[0].token_start == 0 and pages[-1].token_end == 300
+    for stage in ("anchor", "full"):
+        kk, vv = codec.decode(enc, stage)
+        for p in pages:
+            res = p.residual if stage == "full" else None
+            kp, vp = codec.decode_page(p.anchor, res, p.token_start, p.token_end,
+                                       num_kv_heads=3, head_dim=32, dtype=k.dtype)
+            assert torch.equal(kp, kk[:, p.token_start:p.token_end])
+            assert torch.equal(vp, vv[:, p.token_start:p.token_end])
+
+
+def test_decode_page_rejects_wrong_length():
+    codec = lynx_npu.get_codec("lynx")
+    p = codec.encode_pages(*kv(t=100))[0]
+    with pytest.raises(ValueError, match="bytes"):
+        codec.decode_page(p.anchor[:-1], None, 0, 100, num_kv_heads=2, head_dim=16,
+                          dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_constant_channels_roundtrip_exactly(dtype):
+    k = torch.full((2, 300, 16), 3.25).to(dtype)
+    v = torch.linspace(-7.3, 11.1, 16).expand(2, 300, 16).to(dtype).contiguous()
+    for name in ("lynx", "lynx-int4", "lynx-int8"):
+        codec = lynx_npu.get_codec(name)
+        enc = codec.encode(k, v)
+        for stage in codec.stages:
+            k2, v2 = codec.decode(enc, stage)
+            assert torch.equal(k2, k) and torch.equal(v2, v)
+
+
+def test_deterministic():
+    codec = lynx_npu.get_codec("lynx")
+    k, v = kv(t=513)
+    a, b = codec.encode(k, v), codec.encode(k.clone(), v.clone())
+    assert torch.equal(a.anchor, b.anchor) and torch.equal(a.residual, b.residual)
+
+
+def test_anchor_wire_budget_at_4k_tokens():
+    """Anchor codes + every scalar + sinks stay within 5.25 bits per value (issue 2)."""
+    codec = lynx_npu.get_codec("lynx")
+    k, v = kv(h=3, t=4096, d=64)
+    enc = codec.encode(k, v)
+    assert enc.bits_per_value("anchor") <= 5.25
+    assert enc.bits_per_value("full") <= 9.25
+
+
+def test_variants_share_the_bytes():
+    k, v = kv(t=300)
+    full = lynx_npu.get_codec("lynx").encode(k, v)
+    int4 = lynx_npu.get_codec("lynx-int4").encode(k, v)
+    int8 = lynx_npu.get_codec("lynx-int8").encode(k, v)
+    assert int4.nbytes("anchor") == full.nbytes("anchor")
+    assert int8.nbytes("full") == full.nbytes("full")
+    assert torch.equal(lynx_npu.get_codec("lynx-int4").decode(int4, "anchor")[0],
+                       lynx_npu.get_codec("lynx").decode(full, "anchor")[0])
+    with pytest.raises(ValueError, match="stage"):
+        lynx_npu.get_codec("lynx-int4").decode(int4, "full")
+
+
+def test_paper_preset_keeps_literal_axes():
+    c = lynx_npu.get_codec("lynx", preset="paper")
+    assert c.config.v_axis == "channel" and c.config.num_sink_tokens == 0
+    assert lynx_npu.get_codec("lynx", preset="paper", alpha_v=3).config.alpha_v == 3
+
+
+@pytest.mark.parametrize("bad", [dict(page_size=0), dict(chunk_size=0), dict(page_size=100),
+                                 dict(alpha_k=0), dict(alpha_v=-1), dict(anchor_bits=1),
+                                 dict(anchor_bits=8), dict(v_axis="head"),
+                                 dict(num_sink_tokens=-1), dict(bogus=1), dict(preset="nope")])
+def test_bad_config_is_a_value_error(bad):
+    with pytest.raises(ValueError):
+        lynx_npu.get_codec("lynx", **bad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(h=st.integers(1, 3), t=st.integers(1, 140), d=st.sampled_from([8, 16, 24]),
+       bits=st.sampled_from(SPLITS), axis=st.sampled_from(["channel", "token"]),
+       sinks=st.integers(0, 5), seed=st.integers(0, 2**16))
+def test_roundtrip_property(h, t, d, bits, axis, sinks, seed):
+    codec = lynx_npu.get_codec("lynx", page_size=32, chunk_size=8, anchor_bits=bits,
+                               v_axis=axis, num_sink_tokens=sinks)
+    g = torch.Generator().manual_seed(seed)
+    k = (torch.randn(h, t, d, generator=g) * 3).to(torch.bfloat16)
+    v = torch.randn(h, t, d, generator=g).to(torch.bfloat16)
+    enc = codec.encode(k, v)
+    for x, (xa, xf) in zip((k, v), zip(codec.decode(enc, "anchor"), codec.decode(enc, "full"))):
+        assert xa.shape == x.shape and xf.dtype == x.dtype
+        span = (x.float().amax(1, keepdim=True) - x.float().amin(1, keepdim=True))
+        # no value leaves its channel's page range by more than a step
+        assert bool(((xf.float() - x.float()).abs() <= span * 0.05 + 1e-2).all())
+        assert bool(((xa.float() - x.float()).abs() <= span + 1e-2).all())
