@@ -68,10 +68,10 @@ def test_quantspec_full_refines_the_upper():
 
 
 def test_kivi_groups_keys_per_channel():
-    k = torch.zeros(1, 64, 2)
+    k = torch.full((1, 64, 3), -500.0)
     k[0, :, 1] = torch.linspace(0, 1000, 64)  # a huge channel must not hurt the small one
     k[0, :, 0] = torch.linspace(0, 1, 64)
-    v = torch.randn(1, 64, 2)
+    v = torch.randn(1, 64, 3)
     k2, _ = lynx_npu.get_codec("kivi4").roundtrip(k, v)
     half_step = (31 / 63) / 15 / 2  # a group of 32 tokens spans 31/63 of the small channel
     assert (k2[0, :, 0] - k[0, :, 0]).abs().max() <= half_step * 1.01
