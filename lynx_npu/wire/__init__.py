@@ -1,1 +1,12 @@
-"""lynx_npu.wire"""
+"""lynx_npu.wire: versioned frames for the anchor and residual streams (format v1).
+
+See frame.py for the byte layout. Decoding raises only WireError subclasses.
+"""
+from .crc import crc32c  # noqa: F401
+from .errors import (ChecksumError, FrameFieldError, TruncatedFrameError,  # noqa: F401
+                     UnknownCodecError, UnsupportedVersionError, WireError)
+from .frame import (DATA_KINDS, DTYPE_CODES, DTYPES, HEADER_SIZE, MAGIC, NONCE_BYTES,  # noqa: F401
+                    VERSION, BufferReader, Frame, Kind, decode_frame, encode_frame,
+                    frame_nbytes, max_data_payload, pack_header, params_from_json,
+                    params_to_json, read_frame)
+from .limits import DEFAULT_LIMITS, WireLimits  # noqa: F401

@@ -1,0 +1,296 @@
+"""Frame format v1: a fixed 58-byte little-endian header, the codec parameters, the payload.
+
+    offset size field          meaning
+    0      4    magic          b"LYNX"
+    4      1    version        1
+    5      1    kind           Kind (ANCHOR / RESIDUAL data; HELLO AUTH AUTH_OK ACK NACK ERROR)
+    6      2    flags          0 (reserved)
+    8      8    request_id     u64, chosen by the sender
+    16     2    layer          u16, < num_layers
+    18     2    num_layers     u16, layers in the request
+    20     4    page           u32, page index within the layer
+    24     4    token_start    u32, first token of the page
+    28     4    token_end      u32, one past the last token (> token_start)
+    32     4    num_tokens     u32, tokens in the request (>= token_end)
+    36     2    codec_id       u16, lynx_npu.codec.CODEC_IDS
+    38     1    dtype          DTYPE_CODES: 1 float16, 2 bfloat16, 3 float32 (the KV dtype)
+    39     1    ref_kind       ACK/NACK: the stream kind acknowledged; else 0
+    40     2    num_kv_heads   u16
+    42     2    head_dim       u16
+    44     2    params_len     u16, bytes of canonical JSON that follow the header
+    46     4    payload_len    u32, bytes of payload after the parameters
+    50     4    payload_crc    CRC32C of the payload
+    54     4    header_crc     CRC32C of bytes 0..53 and the parameters
+    58     params_len          codec.params() as canonical JSON (sorted keys, no spaces, ASCII)
+    ..     payload_len         the page's anchor or residual bytes (EncodedPage.anchor/.residual)
+
+Two CRCs instead of one so that a corrupt payload (header intact: NACK, re-request that frame)
+is told apart from a corrupt header (lengths cannot be trusted: drop the connection); the
+header CRC covers payload_crc, so together they cover header + payload. Fields a kind does not
+use are sent as 0 and ignored. Nothing here unpickles; every length is checked against
+WireLimits before the bytes it announces are read.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..codec.registry import CODEC_IDS
+from .crc import crc32c
+from .errors import (ChecksumError, FrameFieldError, TruncatedFrameError, UnknownCodecError,
+                     UnsupportedVersionError, WireError)
+from .limits import DEFAULT_LIMITS, WireLimits
+
+MAGIC = b"LYNX"
+VERSION = 1
+HEADER = struct.Struct("<4sBBHQHHIIIIHBBHHHIII")
+HEADER_SIZE = HEADER.size  # 58
+_CRC_COVERED = HEADER_SIZE - 4
+NONCE_BYTES = 32  # HELLO nonces and AUTH / AUTH_OK HMAC-SHA256 tags
+
+
+class Kind(enum.IntEnum):
+    ANCHOR = 1     # data: the anchor stream of one page of one layer
+    RESIDUAL = 2   # data: the residual stream of one page of one layer
+    HELLO = 16     # handshake: a 32-byte random nonce, each side
+    AUTH = 17      # handshake, sender: HMAC-SHA256 over both nonces (empty without a secret)
+    AUTH_OK = 18   # handshake, receiver: its own HMAC (empty without a secret)
+    ACK = 32       # (request_id, ref_kind, layer, page) received intact
+    NACK = 33      # that frame's payload failed its CRC: send it again
+    ERROR = 48     # request_id failed (0: the whole connection); payload: UTF-8 reason
+
+
+DATA_KINDS = (Kind.ANCHOR, Kind.RESIDUAL)
+DTYPE_CODES: dict[torch.dtype, int] = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
+DTYPES: dict[int, torch.dtype] = {v: k for k, v in DTYPE_CODES.items()}
+_KNOWN_CODEC_IDS = frozenset(CODEC_IDS.values())
+
+
+def params_to_json(params: dict) -> bytes:
+    """codec.params() -> the canonical JSON the header carries (one codec, one byte string)."""
+    try:
+        return json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                          allow_nan=False).encode("ascii")
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"codec params {params!r} are not JSON-able: {e}") from None
+
+
+def params_from_json(raw: bytes) -> dict:
+    """Parse and check the header's parameters: a canonical JSON object of plain values."""
+    try:
+        params = json.loads(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise FrameFieldError("params", f"not ASCII JSON: {bytes(raw[:64])!r}") from None
+    if not isinstance(params, dict):
+        raise FrameFieldError("params", f"must be a JSON object, got {type(params).__name__}")
+    for key, value in params.items():
+        if not isinstance(value, (str, int, float, bool)) and value is not None:
+            raise FrameFieldError("params", f"value of {key!r} must be a scalar, got "
+                                            f"{type(value).__name__}")
+    try:
+        canonical = params_to_json(params)
+    except ValueError:
+        raise FrameFieldError("params", "holds a non-finite number") from None
+    if canonical != bytes(raw):
+        raise FrameFieldError("params", "is not canonical JSON (sorted keys, no spaces)")
+    return params
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame. ``payload`` is any bytes-like object (bytes, bytearray, memoryview)."""
+
+    kind: Kind
+    request_id: int = 0
+    layer: int = 0
+    num_layers: int = 0
+    page: int = 0
+    token_start: int = 0
+    token_end: int = 0
+    num_tokens: int = 0
+    codec_id: int = 0
+    dtype: int = 0
+    ref_kind: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    params: bytes = b""
+    payload: bytes | bytearray | memoryview = field(default=b"", repr=False)
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        """(request_id, stream kind, layer, page): what ACK/NACK refer to."""
+        kind = self.ref_kind if self.kind in (Kind.ACK, Kind.NACK) else int(self.kind)
+        return (self.request_id, kind, self.layer, self.page)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def params_dict(self) -> dict:
+        return params_from_json(self.params)
+
+
+def pack_header(frame: Frame, payload_crc: int | None = None) -> bytes:
+    """Header + parameters of ``frame`` (the payload is sent as is after it)."""
+    payload = memoryview(frame.payload).cast("B")
+    if payload_crc is None:
+        payload_crc = crc32c(payload)
+    try:
+        fixed = HEADER.pack(MAGIC, VERSION, int(frame.kind), 0, frame.request_id, frame.layer,
+                            frame.num_layers, frame.page, frame.token_start, frame.token_end,
+                            frame.num_tokens, frame.codec_id, frame.dtype, frame.ref_kind,
+                            frame.num_kv_heads, frame.head_dim, len(frame.params),
+                            payload.nbytes, payload_crc, 0)
+    except struct.error as e:
+        raise ValueError(f"a field of {frame!r} does not fit its header slot: {e}") from None
+    crc = crc32c(frame.params, crc32c(fixed[:_CRC_COVERED]))
+    return fixed[:_CRC_COVERED] + crc.to_bytes(4, "little") + frame.params
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """The complete frame as one bytes object (header, parameters, payload)."""
+    return pack_header(frame) + bytes(frame.payload)
+
+
+def max_data_payload(token_count: int, num_kv_heads: int, head_dim: int) -> int:
+    """Largest payload a page may declare: K and V in float32 plus 64 KiB of scalars. Any
+    codec's page is smaller (bf16 passthrough is half of it), so a peer cannot make a short
+    page allocate a large buffer."""
+    return 2 * token_count * num_kv_heads * head_dim * 4 + (64 << 10)
+
+
+ReadExact = Callable[[int], "bytes | bytearray | memoryview"]
+
+
+def read_frame(read_exact: ReadExact, limits: WireLimits = DEFAULT_LIMITS) -> Frame:
+    """Read one frame through ``read_exact(n)`` (returns exactly n bytes, or raises
+    TruncatedFrameError). Raises only WireError subclasses for malformed input; a corrupt
+    payload raises ChecksumError("payload") carrying the verified header so it can be NACKed.
+    """
+    fixed = bytes(read_exact(HEADER_SIZE))
+    (magic, version, kind, flags, request_id, layer, num_layers, page, token_start, token_end,
+     num_tokens, codec_id, dtype, ref_kind, num_kv_heads, head_dim, params_len, payload_len,
+     payload_crc, header_crc) = HEADER.unpack(fixed)
+    if magic != MAGIC:
+        raise FrameFieldError("magic", f"expected {MAGIC!r}, got {magic!r}")
+    if version != VERSION:
+        raise UnsupportedVersionError("version", f"format version {version} is not supported "
+                                                 f"(this decoder reads version {VERSION})")
+    if params_len > limits.max_params_bytes:
+        raise FrameFieldError("params_len", f"{params_len} exceeds the limit of "
+                                            f"{limits.max_params_bytes} bytes")
+    params = bytes(read_exact(params_len)) if params_len else b""
+    actual = crc32c(params, crc32c(fixed[:_CRC_COVERED]))
+    if actual != header_crc:
+        raise ChecksumError("header", header_crc, actual)
+    if flags != 0:
+        raise FrameFieldError("flags", f"must be 0 in version {VERSION}, got {flags:#06x}")
+    try:
+        kind = Kind(kind)
+    except ValueError:
+        raise FrameFieldError("kind", f"unknown frame kind {kind}") from None
+    frame = Frame(kind, request_id, layer, num_layers, page, token_start, token_end, num_tokens,
+                  codec_id, dtype, ref_kind, num_kv_heads, head_dim, params)
+    _check_fields(frame, params_len, payload_len, limits)
+    payload = read_exact(payload_len) if payload_len else b""
+    actual = crc32c(payload)
+    if actual != payload_crc:
+        raise ChecksumError("payload", payload_crc, actual, header=frame)
+    if kind == Kind.ERROR:
+        try:
+            bytes(payload).decode("utf-8")
+        except UnicodeDecodeError:
+            raise FrameFieldError("payload", "ERROR text is not UTF-8") from None
+    return Frame(kind, request_id, layer, num_layers, page, token_start, token_end, num_tokens,
+                 codec_id, dtype, ref_kind, num_kv_heads, head_dim, params, payload)
+
+
+def _check_fields(f: Frame, params_len: int, payload_len: int, limits: WireLimits) -> None:
+    def bad(name: str, message: str) -> FrameFieldError:
+        return FrameFieldError(name, message)
+
+    if f.kind in DATA_KINDS:
+        if f.codec_id not in _KNOWN_CODEC_IDS:
+            raise UnknownCodecError("codec_id", f"unknown codec id {f.codec_id}; known ids: "
+                                                f"{sorted(_KNOWN_CODEC_IDS)}")
+        if f.dtype not in DTYPES:
+            raise bad("dtype", f"unknown dtype code {f.dtype}; known: {sorted(DTYPES)}")
+        if not 1 <= f.num_layers <= limits.max_layers:
+            raise bad("num_layers", f"{f.num_layers} must be in [1, {limits.max_layers}]")
+        if f.layer >= f.num_layers:
+            raise bad("layer", f"{f.layer} must be < num_layers={f.num_layers}")
+        if not 1 <= f.num_tokens <= limits.max_tokens:
+            raise bad("num_tokens", f"{f.num_tokens} must be in [1, {limits.max_tokens}]")
+        if not f.token_start < f.token_end <= f.num_tokens:
+            raise bad("token_end", f"token range [{f.token_start}, {f.token_end}) must be "
+                                   f"non-empty and within num_tokens={f.num_tokens}")
+        if f.page > f.token_start:  # every page holds >= 1 token, so page i starts at >= i
+            raise bad("page", f"page {f.page} cannot start at token {f.token_start}")
+        if not 1 <= f.num_kv_heads <= limits.max_kv_heads:
+            raise bad("num_kv_heads", f"{f.num_kv_heads} must be in [1, {limits.max_kv_heads}]")
+        if not 1 <= f.head_dim <= limits.max_head_dim:
+            raise bad("head_dim", f"{f.head_dim} must be in [1, {limits.max_head_dim}]")
+        if f.ref_kind != 0:
+            raise bad("ref_kind", f"must be 0 on a data frame, got {f.ref_kind}")
+        params_from_json(f.params)
+        cap = min(limits.max_payload_bytes,
+                  max_data_payload(f.token_end - f.token_start, f.num_kv_heads, f.head_dim))
+        if not 1 <= payload_len <= cap:
+            raise bad("payload_len", f"{payload_len} must be in [1, {cap}] for this page")
+        return
+    if params_len:
+        raise bad("params_len", f"must be 0 on a {f.kind.name} frame, got {params_len}")
+    if f.kind in (Kind.ACK, Kind.NACK):
+        if f.ref_kind not in (Kind.ANCHOR, Kind.RESIDUAL):
+            raise bad("ref_kind", f"{f.kind.name} must name a stream kind (1 or 2), "
+                                  f"got {f.ref_kind}")
+        expected = (0,)
+    elif f.kind == Kind.HELLO:
+        expected = (NONCE_BYTES,)
+    elif f.kind in (Kind.AUTH, Kind.AUTH_OK):
+        expected = (0, NONCE_BYTES)
+    else:  # ERROR
+        if payload_len > limits.max_error_bytes:
+            raise bad("payload_len", f"ERROR text of {payload_len} bytes exceeds "
+                                     f"{limits.max_error_bytes}")
+        return
+    if payload_len not in expected:
+        raise bad("payload_len", f"{f.kind.name} payload must be {' or '.join(map(str, expected))}"
+                                 f" bytes, got {payload_len}")
+
+
+class BufferReader:
+    """``read_exact`` over an in-memory buffer (tests, fuzzing, golden fixtures)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview):
+        self.view = memoryview(data).cast("B")
+        self.pos = 0
+
+    def __call__(self, n: int) -> memoryview:
+        if self.pos + n > len(self.view):
+            raise TruncatedFrameError(f"needed {n} bytes at offset {self.pos}, only "
+                                      f"{len(self.view) - self.pos} left")
+        out = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+
+def decode_frame(data: bytes | bytearray | memoryview,
+                 limits: WireLimits = DEFAULT_LIMITS) -> Frame:
+    """Decode a buffer holding exactly one frame."""
+    reader = BufferReader(data)
+    frame = read_frame(reader, limits)
+    if reader.pos != len(reader.view):
+        raise WireError(f"{len(reader.view) - reader.pos} trailing bytes after the frame")
+    return frame
+
+
+def frame_nbytes(frame: Frame) -> int:
+    """Bytes the frame takes on the wire."""
+    return HEADER_SIZE + len(frame.params) + memoryview(frame.payload).nbytes
+

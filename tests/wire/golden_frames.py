@@ -1,0 +1,35 @@
+"""The frames frozen as format v1 golden bytes (tests/wire/golden/*.bin).
+
+Parameters are literal dicts, not codec.params(): the fixtures freeze the frame format, and
+must not move when a codec's defaults do. Regenerate only for a new format version.
+"""
+from lynx_npu.wire import Frame, Kind, params_to_json
+
+LYNX_PARAMS = {"alpha_k": 3.0, "alpha_v": 3.0, "anchor_bits": 4, "chunk_size": 32,
+               "k_axis": "channel", "num_sink_tokens": 4, "page_size": 256, "v_axis": "token"}
+RID = 0x0123456789ABCDEF
+
+
+def _payload(n: int, mult: int) -> bytes:
+    return bytes((i * mult + 11) % 256 for i in range(n))
+
+
+FRAMES: dict[str, Frame] = {
+    "anchor_lynx": Frame(Kind.ANCHOR, RID, layer=3, num_layers=30, page=2, token_start=516,
+                         token_end=772, num_tokens=8192, codec_id=9, dtype=2, num_kv_heads=3,
+                         head_dim=64, params=params_to_json(LYNX_PARAMS),
+                         payload=_payload(96, 7)),
+    "residual_lynx": Frame(Kind.RESIDUAL, RID, layer=29, num_layers=30, page=31,
+                           token_start=7940, token_end=8192, num_tokens=8192, codec_id=9,
+                           dtype=2, num_kv_heads=3, head_dim=64,
+                           params=params_to_json(LYNX_PARAMS), payload=_payload(64, 13)),
+    "anchor_int8_fp16": Frame(Kind.ANCHOR, 5, layer=0, num_layers=1, page=0, token_start=0,
+                              token_end=7, num_tokens=7, codec_id=2, dtype=1, num_kv_heads=2,
+                              head_dim=4, params=b"{}", payload=_payload(72, 3)),
+    "hello": Frame(Kind.HELLO, payload=bytes(range(32))),
+    "auth_hmac": Frame(Kind.AUTH, payload=bytes(range(100, 132))),
+    "auth_ok_empty": Frame(Kind.AUTH_OK),
+    "ack": Frame(Kind.ACK, RID, layer=3, page=2, ref_kind=Kind.ANCHOR),
+    "nack": Frame(Kind.NACK, 42, layer=1, page=9, ref_kind=Kind.RESIDUAL),
+    "error": Frame(Kind.ERROR, 42, payload="request 42: deadline of 5.0 s passed".encode()),
+}
