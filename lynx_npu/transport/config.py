@@ -1,0 +1,76 @@
+"""Configuration of the split-stream transport (frozen, validated on construction)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..wire import DEFAULT_LIMITS, WireLimits
+
+LOOPBACK = "127.0.0.1"
+
+
+def _positive(name: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
+            math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={value!r} must be a positive finite number")
+
+
+def _check_secret(secret) -> None:
+    if secret is not None and (not isinstance(secret, bytes) or len(secret) < 16):
+        raise ValueError("secret must be bytes of length >= 16 (or None for no authentication)")
+
+
+@dataclass(frozen=True)
+class SenderConfig:
+    port: int                            # the receiver's port
+    host: str = LOOPBACK                 # the receiver's address
+    num_connections: int = 1             # parallel TCP connections sharing one rate limit
+    gbps: float | None = None            # emulated link rate for all bytes sent; None = no limit
+    burst_bytes: int = 64 << 10          # token-bucket depth: the most sent above the rate
+    chunk_bytes: int = 64 << 10          # rate-limited writes are at most this large
+    deadline_s: float = 60.0             # a request not fully acknowledged by then fails
+    retransmit_s: float = 5.0            # resend a frame unacknowledged for this long
+    connect_timeout_s: float = 5.0       # TCP connect + handshake
+    reconnect_backoff_s: float = 0.02    # first retry delay; doubles up to 1 s
+    secret: bytes | None = field(default=None, repr=False)  # shared-secret HMAC handshake
+
+    def __post_init__(self):
+        if not isinstance(self.port, int) or not 0 < self.port < 65536:
+            raise ValueError(f"{self.port=} must be a TCP port in [1, 65535]")
+        if not isinstance(self.num_connections, int) or not 1 <= self.num_connections <= 64:
+            raise ValueError(f"{self.num_connections=} must be an int in [1, 64]")
+        _positive("gbps", self.gbps, allow_none=True)
+        for name in ("deadline_s", "retransmit_s", "connect_timeout_s", "reconnect_backoff_s"):
+            _positive(name, getattr(self, name))
+        for name in ("burst_bytes", "chunk_bytes"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1024:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be an int >= 1024")
+        _check_secret(self.secret)
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    host: str = LOOPBACK                 # listen address: loopback unless configured
+    port: int = 0                        # 0 = an ephemeral port (see Receiver.port)
+    deadline_s: float = 60.0             # from a request's first frame (or Receiver.request)
+    dequantize: bool = True              # False: verify and keep frames only (link benchmarks)
+    num_decode_threads: int = 1
+    max_connections: int = 16
+    max_requests: int = 256              # requests held at once (until released)
+    max_request_bytes: int = 8 << 30     # destination KV of one request (all layers, K and V)
+    handshake_timeout_s: float = 5.0
+    limits: WireLimits = DEFAULT_LIMITS
+    secret: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
+            raise ValueError(f"{self.port=} must be a TCP port in [0, 65535]")
+        _positive("deadline_s", self.deadline_s)
+        _positive("handshake_timeout_s", self.handshake_timeout_s)
+        for name in ("num_decode_threads", "max_connections", "max_requests",
+                     "max_request_bytes"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a positive int")
+        _check_secret(self.secret)

@@ -1,0 +1,42 @@
+"""Token-bucket rate limiter that emulates a link of a given bandwidth (the paper emulates
+10-50 Gbps this way). One bucket is shared by every connection of a sender, and it paces every
+byte written (headers included).
+
+``consume(n)`` returns once the n bytes would have finished crossing the link: the bucket keeps
+a virtual clock ``_t`` (when the link is next free); idle time earns at most ``burst_bytes``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+
+class TokenBucket:
+    def __init__(self, gbps: float, burst_bytes: int = 64 << 10,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        if not gbps > 0:
+            raise ValueError(f"{gbps=} must be > 0")
+        if burst_bytes < 1:
+            raise ValueError(f"{burst_bytes=} must be >= 1")
+        self.bytes_per_s = gbps * 1e9 / 8
+        self.burst_s = burst_bytes / self.bytes_per_s
+        self._clock, self._sleep = clock, sleep
+        self._lock = threading.Lock()
+        self._t = float("-inf")
+
+    def reserve(self, nbytes: int) -> float:
+        """Book ``nbytes`` on the link; returns the clock time at which they have crossed it."""
+        with self._lock:
+            now = self._clock()
+            self._t = max(self._t, now - self.burst_s) + nbytes / self.bytes_per_s
+            return self._t
+
+    def consume(self, nbytes: int) -> None:
+        done = self.reserve(nbytes)
+        while True:
+            wait = done - self._clock()
+            if wait <= 0:
+                return
+            self._sleep(wait)

@@ -1,0 +1,233 @@
+"""Per-request bookkeeping on the receiver (plain Python plus the destination tensors).
+
+A request is described by every one of its frames (codec, layers, tokens, shape); the first
+frame fixes that description and later frames must agree. Pages are identified by
+(layer, page index); a page's token range is fixed by its first frame and may not overlap
+another page's. A frame seen before is a duplicate (acknowledged again, applied never).
+
+Each page moves through levels 0 (nothing) -> 1 (anchor dequantized) -> 2 (full precision);
+a write only ever raises the level, so a late anchor decode cannot overwrite refined values.
+``anchor_ready`` is set when every token of every layer is at level >= 1, ``residual_ready``
+when all are at level 2 (one-stream codecs reach 2 directly and set both).
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..wire import DTYPES, Frame, Kind
+from .events import StageEvent
+
+OnPage = Callable[[int, int, int, int, torch.Tensor, torch.Tensor, str], None]
+
+
+class RequestRejected(ValueError):
+    """A frame contradicts its request's description: the request fails with this reason."""
+
+
+@dataclass(frozen=True)
+class PageJob:
+    """Work for a decode thread: dequantize one page (anchor alone, or with its residual)."""
+
+    handle: "ReceiveHandle"
+    layer: int
+    page: int
+    token_start: int
+    token_end: int
+    anchor: bytearray
+    residual: bytearray | None
+
+
+class ReceiveHandle:
+    """One incoming request. ``k[layer]`` / ``v[layer]`` are ``[H, T, D]`` tensors (unless the
+    receiver was given an ``on_page`` callback); ``anchor_ready`` / ``residual_ready`` are
+    StageEvents (threading.Event-like, awaitable, raising the error if the request fails)."""
+
+    def __init__(self, request_id: int, deadline: float):
+        self.request_id = request_id
+        self.deadline = deadline
+        self.created_at = time.monotonic()
+        self.anchor_ready = StageEvent(f"request {request_id} anchor_ready")
+        self.residual_ready = StageEvent(f"request {request_id} residual_ready")
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+        self.codec = None
+        self.num_layers = self.num_tokens = self.num_kv_heads = self.head_dim = 0
+        self.dtype: torch.dtype | None = None
+        self.anchor_ready_at: float | None = None
+        self.residual_ready_at: float | None = None
+        # (monotonic time, kind, layer, page, wire bytes) of every new frame, in arrival order
+        self.arrivals: list[tuple[float, int, int, int, int]] = []
+        self._lock = threading.Lock()
+        self._meta: tuple | None = None
+        self._two_stream = False
+        self._ranges: dict[int, dict[int, tuple[int, int]]] = {}
+        self._sorted: dict[int, list[tuple[int, int]]] = {}
+        self._received: set[tuple[int, int, int]] = set()
+        self._stored: dict[tuple[int, int], list] = {}
+        self._level: dict[tuple[int, int], int] = {}
+        self._anchor_tokens: list[int] = []
+        self._full_tokens: list[int] = []
+        self._layers_anchor = self._layers_full = 0
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def error(self) -> BaseException | None:
+        return self.residual_ready.error or self.anchor_ready.error
+
+    @property
+    def finished(self) -> bool:
+        return self.residual_ready.settled()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for full precision (raises if the request failed)."""
+        return self.residual_ready.wait(timeout)
+
+    def progress(self) -> str:
+        if self._meta is None:
+            return "no frame received"
+        total = self.num_layers * self.num_tokens
+        return (f"anchor covers {sum(self._anchor_tokens)}/{total} and full precision "
+                f"{sum(self._full_tokens)}/{total} layer-tokens")
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            self._stored.clear()
+        self.anchor_ready.fail(error)
+        self.residual_ready.fail(error)
+
+    # -- admission (reader threads) -----------------------------------------------------------
+    def admit(self, frame: Frame, wire_bytes: int, get_codec, max_request_bytes: int,
+              dequantize: bool) -> PageJob | None | bool:
+        """Record a data frame. Returns False for a duplicate, a PageJob to decode, or None
+        when nothing can be decoded yet (a residual ahead of its anchor, or no dequantize).
+        Raises RequestRejected when the frame contradicts the request."""
+        meta = (frame.codec_id, frame.params, frame.num_layers, frame.num_tokens, frame.dtype,
+                frame.num_kv_heads, frame.head_dim)
+        with self._lock:
+            if self.finished:
+                return False
+            if self._meta is None:
+                self._describe(frame, meta, get_codec, max_request_bytes)
+            elif meta != self._meta:
+                raise RequestRejected(
+                    f"frame (layer {frame.layer}, page {frame.page}) describes the request as "
+                    f"{_describe(meta)}, earlier frames as {_describe(self._meta)}")
+            kind, layer, page = int(frame.kind), frame.layer, frame.page
+            if kind == Kind.RESIDUAL and not self._two_stream:
+                raise RequestRejected(f"codec {self.codec.name!r} has one stream but a "
+                                      f"residual frame arrived (layer {layer}, page {page})")
+            if (kind, layer, page) in self._received:
+                return False
+            self._check_range(layer, page, frame.token_start, frame.token_end)
+            self._received.add((kind, layer, page))
+            self.arrivals.append((time.monotonic(), kind, layer, page, wire_bytes))
+            if not dequantize:
+                level = 1 if kind == Kind.ANCHOR and self._two_stream else 2
+                if kind == Kind.RESIDUAL and (Kind.ANCHOR, layer, page) not in self._received:
+                    return None
+                if kind == Kind.ANCHOR and (Kind.RESIDUAL, layer, page) in self._received:
+                    level = 2
+                self._raise_level(layer, page, frame.token_start, frame.token_end, level)
+                return None
+            slot = self._stored.setdefault((layer, page), [None, None])
+            slot[0 if kind == Kind.ANCHOR else 1] = frame.payload
+            if slot[0] is None:
+                return None  # the residual waits for its anchor
+            if not self._two_stream:
+                del self._stored[(layer, page)]
+            return PageJob(self, layer, page, frame.token_start, frame.token_end, slot[0],
+                           slot[1])
+
+    def _describe(self, frame: Frame, meta: tuple, get_codec, max_request_bytes: int) -> None:
+        dtype = DTYPES[frame.dtype]
+        kv_bytes = (2 * frame.num_layers * frame.num_tokens * frame.num_kv_heads *
+                    frame.head_dim * dtype.itemsize)
+        if kv_bytes > max_request_bytes:
+            raise RequestRejected(f"request KV of {kv_bytes} bytes exceeds the receiver's "
+                                  f"max_request_bytes={max_request_bytes}")
+        try:
+            self.codec = get_codec(frame.codec_id, frame.params)
+        except ValueError as e:
+            raise RequestRejected(f"cannot build its codec: {e}") from None
+        self._meta = meta
+        self._two_stream = len(self.codec.stages) > 1
+        self.num_layers, self.num_tokens = frame.num_layers, frame.num_tokens
+        self.num_kv_heads, self.head_dim, self.dtype = frame.num_kv_heads, frame.head_dim, dtype
+        self._anchor_tokens = [0] * frame.num_layers
+        self._full_tokens = [0] * frame.num_layers
+
+    def _check_range(self, layer: int, page: int, start: int, end: int) -> None:
+        ranges = self._ranges.setdefault(layer, {})
+        known = ranges.get(page)
+        if known is not None:
+            if known != (start, end):
+                raise RequestRejected(f"layer {layer} page {page} covers tokens [{start}, {end})"
+                                      f" in one frame and {list(known)} in another")
+            return
+        spans = self._sorted.setdefault(layer, [])
+        i = bisect.bisect_left(spans, (start, end))
+        if (i > 0 and spans[i - 1][1] > start) or (i < len(spans) and spans[i][0] < end):
+            raise RequestRejected(f"layer {layer} page {page} tokens [{start}, {end}) overlap "
+                                  f"another page")
+        spans.insert(i, (start, end))
+        ranges[page] = (start, end)
+
+    # -- application (decode threads) ---------------------------------------------------------
+    def apply(self, job: PageJob, k: torch.Tensor | None, v: torch.Tensor | None,
+              full: bool, on_page: OnPage | None) -> None:
+        level = 2 if full or not self._two_stream else 1
+        with self._lock:
+            if self.finished or self._level.get((job.layer, job.page), 0) >= level:
+                return
+            s, e = job.token_start, job.token_end
+            if on_page is not None:
+                stage = ("full" if level == 2 else "anchor") if self._two_stream \
+                    else self.codec.stages[-1]
+                on_page(self.request_id, job.layer, s, e, k, v, stage)
+            else:
+                if job.layer not in self.k:
+                    shape = (self.num_kv_heads, self.num_tokens, self.head_dim)
+                    self.k[job.layer] = torch.empty(shape, dtype=self.dtype)
+                    self.v[job.layer] = torch.empty(shape, dtype=self.dtype)
+                self.k[job.layer][:, s:e] = k
+                self.v[job.layer][:, s:e] = v
+            if level == 2:
+                self._stored.pop((job.layer, job.page), None)
+            self._raise_level(job.layer, job.page, s, e, level)
+
+    def _raise_level(self, layer: int, page: int, start: int, end: int, level: int) -> None:
+        """Count the page's tokens at its new level; set the events when a stage completes.
+        Called with the lock held."""
+        old = self._level.get((layer, page), 0)
+        if level <= old:
+            return
+        self._level[(layer, page)] = level
+        n = end - start
+        if old == 0:
+            self._anchor_tokens[layer] += n
+            if self._anchor_tokens[layer] == self.num_tokens:
+                self._layers_anchor += 1
+        if level == 2:
+            self._full_tokens[layer] += n
+            if self._full_tokens[layer] == self.num_tokens:
+                self._layers_full += 1
+        now = time.monotonic()
+        if self._layers_anchor == self.num_layers and self.anchor_ready_at is None:
+            self.anchor_ready_at = now
+            self.anchor_ready.set()
+        if self._layers_full == self.num_layers and self.residual_ready_at is None:
+            self.residual_ready_at = now
+            self._stored.clear()
+            self.residual_ready.set()
+
+
+def _describe(meta: tuple) -> str:
+    codec_id, params, layers, tokens, dtype, heads, dim = meta
+    return (f"codec {codec_id} {params.decode(errors='replace')}, {layers} layers, {tokens} "
+            f"tokens, dtype code {dtype}, {heads}x{dim}")

@@ -1,0 +1,263 @@
+"""Split-stream receiver: accepts sender connections, verifies every frame, acknowledges it,
+and dequantizes anchor frames into the destination KV cache as they arrive (residual frames
+refine their page to full precision).
+
+Threads: one acceptor; per connection, a reader (handshake, read_frame, ACK / NACK / ERROR);
+``num_decode_threads`` decoders (codec.decode_page -> the request's tensors or ``on_page``);
+one watchdog failing requests whose deadline passed.
+
+Faults: a payload whose CRC fails is NACKed (the sender resends it); a corrupt or truncated
+header, or any stream error, closes the connection (the sender reconnects and resends what
+was not acknowledged; duplicates are acknowledged and ignored); an incompatible peer (unknown
+version or codec) gets an ERROR naming the field; a request past its deadline fails with
+TransferDeadlineError on every waiter.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import socket
+import threading
+import time
+
+import torch
+
+from ..codec import codec_from_wire
+from ..wire import (DATA_KINDS, HEADER_SIZE, ChecksumError, Frame, Kind, UnknownCodecError,
+                    UnsupportedVersionError, WireError, params_from_json)
+from .config import ReceiverConfig
+from .connection import FrameSocket, server_handshake
+from .errors import RemoteError, TransferDeadlineError, TransferError, TransportClosed
+from .receive_state import OnPage, PageJob, ReceiveHandle, RequestRejected
+
+log = logging.getLogger(__name__)
+_RECENT = 4096  # finished request ids remembered, so late duplicates are acknowledged
+
+
+class Receiver:
+    """Listens (loopback by default) for Senders and assembles their requests.
+
+        with Receiver(ReceiverConfig()) as receiver:     # receiver.port: where to connect
+            handle = receiver.request(request_id)        # or wait for it to appear
+            handle.anchor_ready.wait()                   # decode may start on handle.k/.v
+            handle.residual_ready.wait()                 # refined to full precision
+    """
+
+    def __init__(self, config: ReceiverConfig = ReceiverConfig(), on_page: OnPage | None = None):
+        self.config = config
+        self.on_page = on_page
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._requests: dict[int, ReceiveHandle] = {}
+        self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._conns: set[FrameSocket] = set()
+        self._codecs: dict[tuple[int, bytes], object] = {}
+        self._jobs: queue.SimpleQueue[PageJob | None] = queue.SimpleQueue()
+        self._listener = socket.create_server((config.host, config.port))
+        self.host, self.port = self._listener.getsockname()[:2]
+        self._threads = [threading.Thread(target=self._accept_loop, daemon=True,
+                                          name="lynx-accept"),
+                         threading.Thread(target=self._watchdog_loop, daemon=True,
+                                          name="lynx-recv-watchdog")]
+        self._threads += [threading.Thread(target=self._decode_loop, daemon=True,
+                                           name=f"lynx-decode-{i}")
+                          for i in range(config.num_decode_threads)]
+        for t in self._threads:
+            t.start()
+
+    # -- public API ------------------------------------------------------------------------
+    def request(self, request_id: int, deadline_s: float | None = None) -> ReceiveHandle:
+        """The handle of ``request_id``, created now if no frame of it has arrived yet (its
+        deadline then counts from this call)."""
+        with self._lock:
+            handle = self._requests.get(request_id)
+            if handle is None:
+                handle = self._new_handle(request_id, deadline_s)
+        return handle
+
+    def release(self, request_id: int) -> None:
+        """Forget a request (and drop its KV tensors); late duplicates are still acknowledged."""
+        with self._lock:
+            handle = self._requests.pop(request_id, None)
+            self._remember(request_id)
+        if handle is not None and not handle.finished:
+            handle.fail(TransportClosed(f"request {request_id} was released before completing"))
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._listener.close()
+        with self._lock:
+            conns, handles = list(self._conns), list(self._requests.values())
+        for conn in conns:
+            conn.close()
+        for handle in handles:
+            if not handle.finished:
+                handle.fail(TransportClosed(f"request {handle.request_id}: the receiver was "
+                                            f"closed ({handle.progress()})"))
+        for _ in range(self.config.num_decode_threads):
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def __enter__(self) -> "Receiver":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- connections -------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            conn = FrameSocket(sock, self.config.limits)
+            with self._lock:
+                if len(self._conns) >= self.config.max_connections:
+                    full = True
+                else:
+                    full = False
+                    self._conns.add(conn)
+            if full:
+                try:
+                    sock.settimeout(1.0)
+                    conn.send(Frame(Kind.ERROR, payload=b"too many connections"))
+                except OSError:
+                    pass
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                             name="lynx-recv-conn").start()
+
+    def _serve(self, conn: FrameSocket) -> None:
+        try:
+            conn.sock.settimeout(self.config.handshake_timeout_s)
+            server_handshake(conn, self.config.secret)
+            conn.sock.settimeout(None)
+            while not self._closed.is_set():
+                try:
+                    frame = conn.read()
+                except ChecksumError as e:
+                    if e.where == "payload" and e.header.kind in DATA_KINDS:
+                        log.debug("payload CRC failed for %s: NACK", e.header.key)
+                        conn.send(Frame(Kind.NACK, e.header.request_id, layer=e.header.layer,
+                                        page=e.header.page, ref_kind=int(e.header.kind)))
+                        continue
+                    raise
+                if frame.kind not in DATA_KINDS:
+                    raise WireError(f"unexpected {frame.kind.name} frame after the handshake")
+                reply = self._on_data(frame)
+                if reply is not None:
+                    conn.send(reply)
+        except (UnsupportedVersionError, UnknownCodecError) as e:
+            self._refuse(conn, str(e))  # an incompatible peer: tell it why
+        except (OSError, WireError, TransferError) as e:
+            if not self._closed.is_set():
+                log.debug("connection closed: %s", e)
+        finally:
+            conn.close()
+            with self._lock:
+                self._conns.discard(conn)
+
+    def _refuse(self, conn: FrameSocket, reason: str) -> None:
+        log.warning("refusing a sender: %s", reason)
+        try:
+            conn.send(Frame(Kind.ERROR, payload=reason.encode()[:self.config.limits.max_error_bytes]))
+        except OSError:
+            pass
+
+    # -- frames -------------------------------------------------------------------------------
+    def _on_data(self, frame: Frame) -> Frame | None:
+        rid = frame.request_id
+        ack = Frame(Kind.ACK, rid, layer=frame.layer, page=frame.page, ref_kind=int(frame.kind))
+        with self._lock:
+            handle = self._requests.get(rid)
+            if handle is None:
+                if rid in self._recent:
+                    return ack  # a late duplicate of a released request
+                if len(self._requests) >= self.config.max_requests:
+                    return self._error(rid, f"the receiver holds max_requests="
+                                            f"{self.config.max_requests} requests")
+                handle = self._new_handle(rid, None)
+        if handle.error is not None:
+            return self._error(rid, str(handle.error))
+        wire_bytes = HEADER_SIZE + len(frame.params) + len(frame.payload)
+        try:
+            job = handle.admit(frame, wire_bytes, self._codec, self.config.max_request_bytes,
+                               self.config.dequantize)
+        except RequestRejected as e:
+            handle.fail(RemoteError(f"request {rid}: {e}"))
+            return self._error(rid, str(e))
+        if job:
+            self._jobs.put(job)
+        return ack
+
+    def _error(self, rid: int, reason: str) -> Frame:
+        text = reason.encode("utf-8", errors="replace")[:self.config.limits.max_error_bytes]
+        return Frame(Kind.ERROR, rid, payload=text.decode("utf-8", errors="ignore").encode())
+
+    def _codec(self, codec_id: int, params: bytes):
+        key = (codec_id, params)
+        with self._lock:
+            codec = self._codecs.get(key)
+        if codec is None:
+            codec = codec_from_wire(codec_id, params_from_json(params))
+            with self._lock:
+                if len(self._codecs) >= 64:  # peers choose params: keep the cache bounded
+                    self._codecs.clear()
+                self._codecs[key] = codec
+        return codec
+
+    def _new_handle(self, rid: int, deadline_s: float | None) -> ReceiveHandle:
+        """Create and register a handle; the caller holds ``_lock``."""
+        handle = ReceiveHandle(rid, time.monotonic() + (deadline_s or self.config.deadline_s))
+        self._requests[rid] = handle
+        self._recent.pop(rid, None)
+        return handle
+
+    def _remember(self, rid: int) -> None:
+        self._recent[rid] = None
+        while len(self._recent) > _RECENT:
+            self._recent.popitem(last=False)
+
+    # -- decoding -------------------------------------------------------------------------------
+    def _decode_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            handle = job.handle
+            if handle.finished:
+                continue
+            try:
+                anchor = torch.frombuffer(job.anchor, dtype=torch.uint8)
+                residual = (torch.frombuffer(job.residual, dtype=torch.uint8)
+                            if job.residual is not None else None)
+                k, v = handle.codec.decode_page(
+                    anchor, residual, job.token_start, job.token_end,
+                    num_kv_heads=handle.num_kv_heads, head_dim=handle.head_dim,
+                    dtype=handle.dtype)
+                handle.apply(job, k, v, residual is not None, self.on_page)
+            except Exception as e:  # a page that passed its CRC but does not decode
+                log.warning("request %d layer %d page %d failed to decode: %s",
+                            handle.request_id, job.layer, job.page, e)
+                error = TransferError(f"request {handle.request_id}: layer {job.layer} page "
+                                      f"{job.page} failed to decode: {e}")
+                error.__cause__ = e
+                handle.fail(error)
+
+    # -- deadlines ---------------------------------------------------------------------------
+    def _watchdog_loop(self) -> None:
+        while not self._closed.wait(0.05):
+            now = time.monotonic()
+            with self._lock:
+                expired = [h for h in self._requests.values()
+                           if not h.finished and now > h.deadline]
+            for handle in expired:
+                handle.fail(TransferDeadlineError(
+                    f"request {handle.request_id}: deadline passed after "
+                    f"{now - handle.created_at:.2f} s ({handle.progress()})"))

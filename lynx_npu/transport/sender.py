@@ -1,0 +1,450 @@
+"""Split-stream sender: compresses layer after layer on its own thread while earlier pages are
+on the wire, and sends every pending anchor frame (of any request) before any residual frame.
+
+Threads: one compression thread (codec.encode_pages per layer -> frames -> the two queues);
+per connection, a writer (pops the queues, paces through the shared token bucket, reconnects
+after a failure) and a reader (ACK / NACK / ERROR from the receiver); one watchdog (deadlines,
+retransmission of frames left unacknowledged for ``retransmit_s``).
+
+Delivery: a frame stays in ``_frames`` until the receiver acknowledges it. When a connection
+drops, its unacknowledged frames go back to the queues and are resent on the next connection:
+the receiver keeps what it already had (it acknowledges duplicates and applies nothing twice),
+so a transfer resumes by page id with nothing lost or duplicated. A NACK (payload CRC failed)
+re-queues that one frame.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..codec import EncodedPage
+from ..wire import (DTYPE_CODES, Frame, Kind, WireError, pack_header,
+                    params_to_json)
+from ..wire.limits import DEFAULT_LIMITS
+from .config import SenderConfig
+from .connection import FrameSocket, client_handshake
+from .errors import (AuthenticationError, RemoteError, TransferDeadlineError, TransferError,
+                     TransportClosed)
+from .events import StageEvent
+from .rate_limit import TokenBucket
+from .send_queue import SendQueue
+
+log = logging.getLogger(__name__)
+Key = tuple[int, int, int, int]  # (request_id, kind, layer, page)
+
+
+@dataclass
+class _OutFrame:
+    key: Key
+    header: bytes          # header + params, sealed (payload CRC included)
+    payload: memoryview
+    nbytes: int
+
+
+class SendHandle:
+    """One request on the sender. ``anchor_acked`` / ``done`` are StageEvents: set when every
+    anchor frame / every frame is acknowledged by the receiver; they fail on error."""
+
+    def __init__(self, request_id: int, deadline: float):
+        self.request_id = request_id
+        self.deadline = deadline
+        self.anchor_acked = StageEvent(f"request {request_id} anchor acked")
+        self.done = StageEvent(f"request {request_id} done")
+        self.anchor_bytes = 0   # wire bytes of anchor frames (headers included)
+        self.total_bytes = 0    # wire bytes of all frames
+        self.num_frames = 0
+        self.started_at: float | None = None   # first byte handed to a socket (monotonic)
+        self._unacked: set[Key] = set()
+        self._unacked_anchor = 0
+        self._produced_all = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+    def __await__(self):
+        return self.done.__await__()
+
+    @property
+    def failed(self) -> bool:
+        return self.done.error is not None
+
+
+class _Link:
+    """One TCP connection to the receiver; reconnects after failures."""
+
+    def __init__(self, sender: "Sender", index: int):
+        self.sender, self.index = sender, index
+        self.conn: FrameSocket | None = None
+        self.generation = 0
+        self.last_error = ""
+        self.thread = threading.Thread(target=self._write_loop, daemon=True,
+                                       name=f"lynx-send-{index}")
+
+    def connect(self) -> None:
+        cfg = self.sender.config
+        sock = socket.create_connection((cfg.host, cfg.port), timeout=cfg.connect_timeout_s)
+        conn = FrameSocket(sock, DEFAULT_LIMITS, self.sender.limiter, cfg.chunk_bytes)
+        try:
+            client_handshake(conn, cfg.secret)
+        except BaseException:
+            conn.close()
+            raise
+        sock.settimeout(None)
+        with self.sender._lock:
+            self.generation += 1
+            self.conn = conn
+            gen = self.generation
+        threading.Thread(target=self._read_loop, args=(conn, gen), daemon=True,
+                         name=f"lynx-ack-{self.index}").start()
+
+    def drop(self, gen: int, reason: str) -> None:
+        """Close connection ``gen`` (if current) and re-queue what was in flight on it."""
+        with self.sender._lock:
+            if gen != self.generation or self.conn is None:
+                return
+            conn, self.conn = self.conn, None
+            self.last_error = reason
+        conn.close()
+        log.debug("link %d generation %d dropped: %s", self.index, gen, reason)
+        self.sender._requeue_inflight(self.index, gen)
+
+    def _reconnect(self) -> bool:
+        backoff = self.sender.config.reconnect_backoff_s
+        while not self.sender._closed.is_set():
+            try:
+                self.connect()
+                return True
+            except AuthenticationError as e:
+                self.sender._fail_all(e)
+                self.last_error = str(e)
+            except (OSError, WireError, TransferError) as e:
+                self.last_error = f"reconnect failed: {e}"
+            if self.sender._closed.wait(backoff):
+                break
+            backoff = min(1.0, backoff * 2)
+        return False
+
+    def _write_loop(self) -> None:
+        s = self.sender
+        while not s._closed.is_set():
+            if self.conn is None and not self._reconnect():
+                return
+            with s._lock:
+                conn, gen = self.conn, self.generation
+            if conn is None:
+                continue
+            item = s.queue.pop(timeout=0.1)
+            if item is None:
+                continue
+            if not s._start_send(item, self.index, gen):
+                continue  # acknowledged or its request failed meanwhile
+            try:
+                conn.write(item.header, item.payload)
+            except OSError as e:
+                self.drop(gen, f"send failed: {e}")
+                s._requeue(item.key)
+
+    def _read_loop(self, conn: FrameSocket, gen: int) -> None:
+        s = self.sender
+        try:
+            while True:
+                frame = conn.read()
+                if frame.kind == Kind.ACK:
+                    s._on_ack(frame.key)
+                elif frame.kind == Kind.NACK:
+                    s._on_nack(frame.key)
+                elif frame.kind == Kind.ERROR:
+                    s._on_error(frame.request_id, bytes(frame.payload).decode("utf-8"))
+                else:
+                    raise WireError(f"unexpected {frame.kind.name} frame from the receiver")
+        except (OSError, WireError) as e:
+            if not s._closed.is_set():
+                self.drop(gen, f"receive failed: {e}")
+
+
+class Sender:
+    """Connects to a Receiver and moves KV caches to it, anchor stream first.
+
+        with Sender(SenderConfig(port=receiver.port, gbps=10)) as sender:
+            handle = sender.send(request_id, codec, [(k0, v0), (k1, v1), ...])
+            handle.wait()                 # every frame acknowledged (raises on failure)
+    """
+
+    def __init__(self, config: SenderConfig):
+        self.config = config
+        self.limiter = TokenBucket(config.gbps, config.burst_bytes) if config.gbps else None
+        self.queue = SendQueue()
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._requests: dict[int, SendHandle] = {}
+        self._frames: dict[Key, _OutFrame] = {}                 # produced, not yet acked
+        self._inflight: dict[Key, tuple[int, int, float]] = {}  # key -> (link, gen, sent at)
+        self._jobs: list = []
+        self._jobs_cond = threading.Condition(self._lock)
+        self._links = [_Link(self, i) for i in range(config.num_connections)]
+        try:
+            for link in self._links:
+                link.connect()  # fail fast: unreachable receiver or bad secret raise here
+        except BaseException:
+            self._close_links()
+            raise
+        self._threads = [threading.Thread(target=self._compress_loop, daemon=True,
+                                          name="lynx-compress"),
+                         threading.Thread(target=self._watchdog_loop, daemon=True,
+                                          name="lynx-send-watchdog")]
+        self._threads += [link.thread for link in self._links]
+        for t in self._threads:
+            t.start()
+
+    # -- public API ------------------------------------------------------------------------
+    def send(self, request_id: int, codec, layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+             deadline_s: float | None = None) -> SendHandle:
+        """Queue one request: ``layers[i] = (k, v)``, each ``[num_kv_heads, num_tokens,
+        head_dim]``. Layers are compressed on the sender's thread while earlier ones are sent."""
+        if not isinstance(layers, Sequence) or len(layers) == 0:
+            raise ValueError("layers must be a non-empty sequence of (k, v) pairs")
+        k0 = layers[0][0]
+        if not isinstance(k0, torch.Tensor) or k0.dim() != 3:
+            raise ValueError("each layer must be (k, v) tensors [num_kv_heads, num_tokens, "
+                             "head_dim]")
+        meta = self._meta(codec, len(layers), k0.shape[1], k0.shape[0], k0.shape[2], k0.dtype)
+        return self._submit(request_id, meta, ((i, codec.encode_pages(*layers[i]))
+                                               for i in range(len(layers))), deadline_s)
+
+    def send_encoded(self, request_id: int, codec, pages: Sequence[Sequence[EncodedPage]], *,
+                     num_tokens: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                     deadline_s: float | None = None) -> SendHandle:
+        """Queue one request whose pages were already made by ``codec.encode_pages``
+        (``pages[layer]``): benchmarks use it to time the link without the compressor."""
+        if not isinstance(pages, Sequence) or len(pages) == 0:
+            raise ValueError("pages must be a non-empty sequence (one list per layer)")
+        meta = self._meta(codec, len(pages), num_tokens, num_kv_heads, head_dim, dtype)
+        return self._submit(request_id, meta, enumerate(pages), deadline_s)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Hold the writers while requests are queued (then the anchors of every request
+        queued inside go out before any residual frame)."""
+        self.queue.pause()
+        try:
+            yield self
+        finally:
+            self.queue.resume()
+
+    def close(self) -> None:
+        """Stop now: requests not yet complete fail with TransportClosed."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self.queue.close()
+        with self._lock:
+            self._jobs_cond.notify_all()
+        self._fail_all(TransportClosed("the sender was closed before the request completed"))
+        self._close_links()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=5)
+
+    def __enter__(self) -> "Sender":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- request intake and compression --------------------------------------------------------
+    def _meta(self, codec, num_layers, num_tokens, num_kv_heads, head_dim, dtype) -> dict:
+        if not hasattr(codec, "codec_id") or not hasattr(codec, "params"):
+            raise ValueError(f"{codec!r} has no codec_id/params(): build it with "
+                             f"lynx_npu.get_codec(name)")
+        if dtype not in DTYPE_CODES:
+            raise ValueError(f"{dtype=} must be one of {list(DTYPE_CODES)}")
+        return dict(num_layers=num_layers, num_tokens=int(num_tokens), codec_id=codec.codec_id,
+                    dtype=DTYPE_CODES[dtype], num_kv_heads=int(num_kv_heads),
+                    head_dim=int(head_dim), params=params_to_json(codec.params()))
+
+    def _submit(self, request_id, meta, layer_pages, deadline_s) -> SendHandle:
+        if not isinstance(request_id, int) or not 0 <= request_id < 2**64:
+            raise ValueError(f"{request_id=} must be an int in [0, 2**64)")
+        if self._closed.is_set():
+            raise TransportClosed("the sender is closed")
+        deadline = time.monotonic() + (deadline_s or self.config.deadline_s)
+        handle = SendHandle(request_id, deadline)
+        with self._lock:
+            if request_id in self._requests:
+                raise ValueError(f"request {request_id} is already being sent")
+            self._requests[request_id] = handle
+            self._jobs.append((handle, meta, layer_pages))
+            self._jobs_cond.notify()
+        return handle
+
+    def _compress_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._jobs_cond.wait_for(lambda: self._jobs or self._closed.is_set())
+                if self._closed.is_set():
+                    return
+                handle, meta, layer_pages = self._jobs.pop(0)
+            try:
+                for layer, pages in layer_pages:
+                    if handle.done.settled():
+                        break
+                    self._enqueue_layer(handle, meta, layer, pages)
+            except Exception as e:  # bad KV or a codec error: the request fails, loudly
+                error = TransferError(f"request {handle.request_id}: encoding failed: {e}")
+                error.__cause__ = e
+                self._fail(handle, error)
+                continue
+            with self._lock:
+                handle._produced_all = True
+            self._check_progress(handle)
+
+    def _enqueue_layer(self, handle: SendHandle, meta: dict, layer: int, pages) -> None:
+        out = []
+        for page in pages:
+            for kind, data in ((Kind.ANCHOR, page.anchor), (Kind.RESIDUAL, page.residual)):
+                if data is None:
+                    continue
+                payload = memoryview(data.contiguous().numpy()).cast("B")
+                frame = Frame(kind, handle.request_id, layer, meta["num_layers"], page.index,
+                              page.token_start, page.token_end, meta["num_tokens"],
+                              meta["codec_id"], meta["dtype"], 0, meta["num_kv_heads"],
+                              meta["head_dim"], meta["params"], payload)
+                header = pack_header(frame)
+                out.append(_OutFrame((handle.request_id, int(kind), layer, page.index), header,
+                                     payload, len(header) + payload.nbytes))
+        with self._lock:
+            if handle.done.settled():
+                return
+            for f in out:
+                self._frames[f.key] = f
+                handle._unacked.add(f.key)
+                handle.num_frames += 1
+                handle.total_bytes += f.nbytes
+                if f.key[1] == Kind.ANCHOR:
+                    handle._unacked_anchor += 1
+                    handle.anchor_bytes += f.nbytes
+        for f in out:
+            self.queue.push(Kind(f.key[1]), f.key, f)
+
+    # -- delivery bookkeeping (called from link threads) ---------------------------------------
+    def _start_send(self, item: _OutFrame, link: int, gen: int) -> bool:
+        with self._lock:
+            if item.key not in self._frames:
+                return False
+            if self._links[link].generation != gen or self._links[link].conn is None:
+                requeue = True  # the connection died since the pop: send it on the next one
+            else:
+                requeue = False
+                now = time.monotonic()
+                self._inflight[item.key] = (link, gen, now)
+                handle = self._requests.get(item.key[0])
+                if handle is not None and handle.started_at is None:
+                    handle.started_at = now
+        if requeue:
+            self.queue.push(Kind(item.key[1]), item.key, item)
+        return not requeue
+
+    def _requeue(self, key: Key) -> None:
+        with self._lock:
+            self._inflight.pop(key, None)
+            frame = self._frames.get(key)
+        if frame is not None:
+            self.queue.push(Kind(key[1]), key, frame)
+
+    def _requeue_inflight(self, link: int, gen: int) -> None:
+        with self._lock:
+            keys = [k for k, (lk, g, _) in self._inflight.items() if lk == link and g == gen]
+        for key in sorted(keys, key=lambda k: k[1]):  # anchors first
+            self._requeue(key)
+
+    def _on_ack(self, key: Key) -> None:
+        with self._lock:
+            self._inflight.pop(key, None)
+            if self._frames.pop(key, None) is None:
+                return  # a duplicate acknowledgement
+            handle = self._requests.get(key[0])
+            if handle is None:
+                return
+            handle._unacked.discard(key)
+            if key[1] == Kind.ANCHOR:
+                handle._unacked_anchor -= 1
+        self._check_progress(handle)
+
+    def _on_nack(self, key: Key) -> None:
+        log.debug("NACK %s: resending", key)
+        self._requeue(key)
+
+    def _on_error(self, request_id: int, reason: str) -> None:
+        if request_id == 0:
+            self._fail_all(RemoteError(f"the receiver rejected the connection: {reason}"))
+            return
+        with self._lock:
+            handle = self._requests.get(request_id)
+        if handle is not None:
+            self._fail(handle, RemoteError(f"request {request_id}: the receiver failed it: "
+                                           f"{reason}"))
+
+    def _check_progress(self, handle: SendHandle) -> None:
+        with self._lock:
+            produced = handle._produced_all
+            anchor_done = produced and handle._unacked_anchor == 0
+            all_done = produced and not handle._unacked
+            if all_done:
+                self._requests.pop(handle.request_id, None)
+        if anchor_done:
+            handle.anchor_acked.set()
+        if all_done:
+            handle.done.set()
+
+    def _fail(self, handle: SendHandle, error: BaseException) -> None:
+        with self._lock:
+            if self._requests.get(handle.request_id) is handle:
+                del self._requests[handle.request_id]
+            for key in handle._unacked:
+                self._frames.pop(key, None)
+                self._inflight.pop(key, None)
+            handle._unacked.clear()
+        handle.anchor_acked.fail(error)
+        handle.done.fail(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            handles = list(self._requests.values())
+        for handle in handles:
+            self._fail(handle, error)
+
+    # -- watchdog: deadlines and retransmission ------------------------------------------------
+    def _watchdog_loop(self) -> None:
+        tick = min(0.05, self.config.retransmit_s / 4)
+        while not self._closed.wait(tick):
+            now = time.monotonic()
+            with self._lock:
+                expired = [h for h in self._requests.values() if now > h.deadline]
+                stale = [k for k, (_, _, t) in self._inflight.items()
+                         if now - t > self.config.retransmit_s]
+            for handle in expired:
+                missing = len(handle._unacked)
+                links = "; ".join(link.last_error for link in self._links if link.last_error)
+                self._fail(handle, TransferDeadlineError(
+                    f"request {handle.request_id}: deadline passed with {missing} of "
+                    f"{handle.num_frames} frames unacknowledged"
+                    + (f" (last link error: {links})" if links else "")))
+            for key in stale:
+                log.debug("retransmit %s (unacknowledged for %.1f s)", key,
+                          self.config.retransmit_s)
+                self._requeue(key)
+
+    def _close_links(self) -> None:
+        for link in self._links:
+            with self._lock:
+                conn, link.conn = link.conn, None
+            if conn is not None:
+                conn.close()
+
