@@ -110,14 +110,14 @@ class ReceiveHandle:
         meta = (frame.codec_id, frame.params, frame.num_layers, frame.num_tokens, frame.dtype,
                 frame.num_kv_heads, frame.head_dim)
         with self._lock:
-            if self.finished:
-                return False
             if self._meta is None:
                 self._describe(frame, meta, get_codec, max_request_bytes)
             elif meta != self._meta:
                 raise RequestRejected(
                     f"frame (layer {frame.layer}, page {frame.page}) describes the request as "
                     f"{_describe(meta)}, earlier frames as {_describe(self._meta)}")
+            if self.finished:
+                return False
             kind, layer, page = int(frame.kind), frame.layer, frame.page
             if kind == Kind.RESIDUAL and not self._two_stream:
                 raise RequestRejected(f"codec {self.codec.name!r} has one stream but a "

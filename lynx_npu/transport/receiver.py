@@ -55,6 +55,7 @@ class Receiver:
         self._codecs: dict[tuple[int, bytes], object] = {}
         self._jobs: queue.SimpleQueue[PageJob | None] = queue.SimpleQueue()
         self._listener = socket.create_server((config.host, config.port))
+        self._listener.settimeout(0.1)  # accept() polls so close() never waits on it
         self.host, self.port = self._listener.getsockname()[:2]
         self._threads = [threading.Thread(target=self._accept_loop, daemon=True,
                                           name="lynx-accept"),
@@ -113,8 +114,11 @@ class Receiver:
         while not self._closed.is_set():
             try:
                 sock, _ = self._listener.accept()
+            except socket.timeout:
+                continue
             except OSError:
                 return
+            sock.settimeout(None)
             conn = FrameSocket(sock, self.config.limits)
             with self._lock:
                 if len(self._conns) >= self.config.max_connections:

@@ -55,6 +55,7 @@ class SendHandle:
     def __init__(self, request_id: int, deadline: float):
         self.request_id = request_id
         self.deadline = deadline
+        self.queued = StageEvent(f"request {request_id} queued")  # every frame made and queued
         self.anchor_acked = StageEvent(f"request {request_id} anchor acked")
         self.done = StageEvent(f"request {request_id} done")
         self.anchor_bytes = 0   # wire bytes of anchor frames (headers included)
@@ -303,6 +304,7 @@ class Sender:
                 continue
             with self._lock:
                 handle._produced_all = True
+            handle.queued.set()
             self._check_progress(handle)
 
     def _enqueue_layer(self, handle: SendHandle, meta: dict, layer: int, pages) -> None:
@@ -411,6 +413,7 @@ class Sender:
                 self._frames.pop(key, None)
                 self._inflight.pop(key, None)
             handle._unacked.clear()
+        handle.queued.fail(error)
         handle.anchor_acked.fail(error)
         handle.done.fail(error)
 

@@ -1,0 +1,147 @@
+"""The transport's plain-Python parts on their own: token bucket (fake clock), priority queue,
+StageEvent, per-request bookkeeping, configuration checks."""
+import asyncio
+import threading
+
+import pytest
+
+from lynx_npu.transport import ReceiverConfig, SenderConfig, StageEvent, TokenBucket
+from lynx_npu.transport.receive_state import ReceiveHandle, RequestRejected
+from lynx_npu.transport.send_queue import SendQueue
+from lynx_npu.wire import Frame, Kind
+
+from .helpers import small_codec
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+        self.slept = []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, s):
+        self.slept.append(s)
+        self.now += s
+
+
+def test_token_bucket_paces_bytes_at_the_link_rate():
+    clock = FakeClock()
+    bucket = TokenBucket(gbps=8.0, burst_bytes=1000, clock=clock, sleep=clock.sleep)  # 1 GB/s
+    start = clock.now
+    for _ in range(10):
+        bucket.consume(1_000_000)
+    # 10 MB at 1 GB/s: done 10 ms after start, less the one burst earned while idle
+    assert clock.now - start == pytest.approx(0.01 - 1e-6, abs=1e-9)
+
+
+def test_token_bucket_idle_time_earns_at_most_the_burst():
+    clock = FakeClock()
+    bucket = TokenBucket(gbps=8.0, burst_bytes=1000, clock=clock, sleep=clock.sleep)
+    bucket.consume(1000)
+    clock.now += 5.0  # a long idle period
+    assert bucket.reserve(2_000_000) == pytest.approx(clock.now + 0.002 - 1e-6)
+
+
+def test_token_bucket_rejects_bad_rate():
+    with pytest.raises(ValueError, match="gbps"):
+        TokenBucket(0)
+
+
+def test_queue_strict_priority_and_dedup():
+    q = SendQueue()
+    q.push(Kind.RESIDUAL, "r1", "r1")
+    q.push(Kind.ANCHOR, "a1", "a1")
+    q.push(Kind.RESIDUAL, "r2", "r2")
+    assert not q.push(Kind.RESIDUAL, "r1", "again")  # already queued
+    q.push(Kind.ANCHOR, "a2", "a2")
+    assert [q.pop(0) for _ in range(4)] == ["a1", "a2", "r1", "r2"]
+    assert q.pop(0.01) is None
+    q.pause()
+    q.push(Kind.ANCHOR, "a3", "a3")
+    assert q.pop(0.01) is None  # paused
+    q.resume()
+    assert q.pop(0) == "a3"
+    q.close()
+    assert q.pop(None) is None
+
+
+def test_stage_event_threads_and_asyncio():
+    ok, bad = StageEvent("ok"), StageEvent("bad")
+    assert not ok.wait(0.01)
+    threading.Timer(0.05, ok.set).start()
+    assert ok.wait(10) and ok.is_set()
+    bad.fail(RuntimeError("boom"))
+    bad.set()  # settled already: stays failed
+    with pytest.raises(RuntimeError, match="boom"):
+        bad.wait(10)
+
+    async def main():
+        later = StageEvent("later")
+        asyncio.get_running_loop().call_later(0.02, lambda: threading.Thread(
+            target=later.set).start())
+        await asyncio.wait_for(later, 10)
+        await ok
+        with pytest.raises(RuntimeError, match="boom"):
+            await bad
+    asyncio.run(main())
+
+
+def _frame(kind=Kind.ANCHOR, layer=0, page=0, s=0, e=10, tokens=20, codec=None, **kw):
+    codec = codec or small_codec("lynx")
+    from lynx_npu.wire import params_to_json
+    return Frame(kind, 1, layer, 2, page, s, e, tokens, codec.codec_id, 2, 0, 2, 16,
+                 params_to_json(codec.params()), bytearray(8), **kw)
+
+
+def _admit(handle, frame, dequantize=True):
+    codec = small_codec("lynx")
+    return handle.admit(frame, 100, lambda cid, p: codec, 1 << 30, dequantize)
+
+
+def test_receive_state_duplicates_overlaps_and_mismatches():
+    h = ReceiveHandle(1, deadline=1e18)
+    assert _admit(h, _frame(Kind.RESIDUAL)) is None  # residual ahead of its anchor: waits
+    job = _admit(h, _frame())
+    assert job.residual is not None  # the anchor's job carries the early residual
+    assert _admit(h, _frame()) is False  # duplicate
+    with pytest.raises(RequestRejected, match="overlap"):
+        _admit(h, _frame(page=1, s=5, e=15))
+    _admit(h, _frame(layer=1))
+    with pytest.raises(RequestRejected, match=r"covers tokens \[0, 12\)"):
+        _admit(h, _frame(Kind.RESIDUAL, layer=1, page=0, s=0, e=12))
+    with pytest.raises(RequestRejected, match="describes the request"):
+        _admit(h, _frame(page=1, s=10, e=20, tokens=21))
+    big = ReceiveHandle(2, deadline=1e18)
+    with pytest.raises(RequestRejected, match="max_request_bytes"):
+        big.admit(_frame(), 100, lambda c, p: small_codec("lynx"), 10, True)
+
+
+def test_receive_state_levels_only_rise_and_events_fire():
+    """Without dequantization: anchor_ready when every token has its anchor, residual_ready
+    when every token has both."""
+    h = ReceiveHandle(1, deadline=1e18)
+    spans = [(0, 0, 10), (0, 1, 20)]  # (layer, page, end) with 20 tokens, and layer 1 alike
+    for layer in (0, 1):
+        for _, page, end in spans:
+            _admit(h, _frame(Kind.ANCHOR, layer, page, end - 10, end), dequantize=False)
+    assert h.anchor_ready.is_set() and not h.residual_ready.is_set()
+    for layer in (0, 1):
+        for _, page, end in spans:
+            _admit(h, _frame(Kind.RESIDUAL, layer, page, end - 10, end), dequantize=False)
+    assert h.residual_ready.is_set() and "full precision 40/40" in h.progress()
+
+
+def test_configs_name_the_bad_value():
+    with pytest.raises(ValueError, match="port"):
+        SenderConfig(port=0)
+    with pytest.raises(ValueError, match="gbps"):
+        SenderConfig(port=1, gbps=-1)
+    with pytest.raises(ValueError, match="num_connections"):
+        SenderConfig(port=1, num_connections=0)
+    with pytest.raises(ValueError, match="deadline_s"):
+        ReceiverConfig(deadline_s=float("inf"))
+    with pytest.raises(ValueError, match="max_requests"):
+        ReceiverConfig(max_requests=0)
+    assert "xxxx" not in repr(SenderConfig(port=1, secret=b"x" * 16))  # never logged
