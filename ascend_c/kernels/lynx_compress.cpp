@@ -1,0 +1,405 @@
+/*
+ * Lynx compress kernel (Ascend C, AI Vector cores): K, V of one layer -> every page's anchor
+ * buffer (packed anchor codes, then gamma, chunk statistics, sinks) and residual buffer, in wire
+ * format v1. The math is lynx_npu/codec/lynx_ref.py, float32 in the same order:
+ *
+ *   gmin, gmax = min, max per channel over the page     (exact: they are input values)
+ *   xn = (x - gmin) / scale   (scale = gmax - gmin, 1 where 0, so a constant channel gives 0)
+ *   mu = f16(sum(xn over chunk) / count);  xc = xn - mu
+ *   sigma = f16(max |xc| over chunk);      xf = xc / sigma  (sigma == 0 -> +inf -> 0)
+ *   I = #{j : thresholds[j] <= |xf|}       (branch-free binary search: Gather + Compare + Select)
+ *   m = (I + bias) >> r;  res = (m << r) - I;  anchor = xf < 0 ? -m - 1 : m
+ *
+ * The only value that can differ from the reference is the chunk sum (float addition order:
+ * here a fixed pairwise tree, in PyTorch whatever its CPU reduction picks), and only when the
+ * float32 mean lies within a rounding error of a float16 rounding boundary; see ascend_c/README.
+ *
+ * Pipeline per work item (page, K|V, head): pass 1 streams the page's row blocks through the
+ * double-buffered input queue to get gamma; pass 2 streams them again:
+ *   CopyIn (MTE2: rows -> inQueue) -> ComputeQuant (V) -> CopyOut (MTE3: codes, stats -> GM).
+ */
+#include "lynx_kernel_common.h"
+
+namespace lynx {
+
+template <typename T>
+class LynxCompress {
+public:
+    __aicore__ inline LynxCompress() {}
+
+    __aicore__ inline void Init(GM_ADDR k, GM_ADDR v, GM_ADDR kThr, GM_ADDR vThr, GM_ADDR anchor,
+                                GM_ADDR residual, const LynxTiling* tiling, AscendC::TPipe* pipe)
+    {
+        t_ = tiling;
+        anchor_ = anchor;
+        residual_ = residual;
+        const uint64_t layer = (uint64_t)t_->numHeads * t_->numTokens * t_->headDim;
+        kvGm_[0].SetGlobalBuffer(reinterpret_cast<__gm__ T*>(k), layer);
+        kvGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v), layer);
+        thrGm_[0].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(kThr), t_->tableSize);
+        thrGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(vThr), t_->tableSize);
+        anchorGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(anchor), t_->anchorTotal);
+        residualGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(residual), t_->residualTotal);
+
+        const uint32_t d = t_->headDim, es = sizeof(T), np = t_->blockElems, sb = t_->subBlock;
+        const uint32_t stats = t_->maxStats;
+        pipe->InitBuffer(tableQueue_, 1, 2 * t_->tableSize * sizeof(float));
+        if (t_->numSink) pipe->InitBuffer(sinkQueue_, BUFFER_NUM, t_->sinkRows * d * es);
+        pipe->InitBuffer(inQueue_, BUFFER_NUM, t_->maxBlockRows * d * es);
+        pipe->InitBuffer(codeQueue_, BUFFER_NUM, np / 2);
+        pipe->InitBuffer(resQueue_, BUFFER_NUM, np / 2);
+        pipe->InitBuffer(statsQueue_, BUFFER_NUM, stats * 2 * sizeof(half));
+        pipe->InitBuffer(gammaQueue_, 1, 2 * d * es);
+        pipe->InitBuffer(xBuf_, np * sizeof(float));
+        pipe->InitBuffer(workBuf_, np * sizeof(float));
+        pipe->InitBuffer(sumBuf_, stats * sizeof(float));
+        pipe->InitBuffer(cntBuf_, stats * sizeof(float));
+        pipe->InitBuffer(muBuf_, stats * sizeof(float));
+        pipe->InitBuffer(sigBuf_, stats * sizeof(float));
+        if (t_->axis[0] == LYNX_AXIS_TOKEN || t_->axis[1] == LYNX_AXIS_TOKEN)
+            pipe->InitBuffer(spreadBuf_, stats * BLOCK_FLOATS * sizeof(float));
+        pipe->InitBuffer(gminBuf_, t_->dimPad * sizeof(float));
+        pipe->InitBuffer(gmaxBuf_, t_->dimPad * sizeof(float));
+        pipe->InitBuffer(scaleBuf_, t_->dimPad * sizeof(float));
+        pipe->InitBuffer(rowMaskBuf_, t_->dimPad / 8);
+        pipe->InitBuffer(f1Buf_, sb * sizeof(float));
+        pipe->InitBuffer(f2Buf_, sb * sizeof(float));
+        pipe->InitBuffer(f3Buf_, sb * sizeof(float));
+        pipe->InitBuffer(offBuf_, sb * sizeof(int32_t));
+        pipe->InitBuffer(maskBuf_, sb / 8);
+        pipe->InitBuffer(sigMaskBuf_, stats / 8);
+    }
+
+    __aicore__ inline void Process()
+    {
+        AscendC::LocalTensor<float> tables = tableQueue_.AllocTensor<float>();
+        AscendC::DataCopy(tables, thrGm_[0], t_->tableSize);
+        AscendC::DataCopy(tables[t_->tableSize], thrGm_[1], t_->tableSize);
+        tableQueue_.EnQue(tables);
+        tables_ = tableQueue_.DeQue<float>();
+
+        const uint32_t blocks = (uint32_t)AscendC::GetBlockNum();
+        const uint32_t per = CeilDiv(t_->numWork, blocks);
+        const uint32_t begin = (uint32_t)AscendC::GetBlockIdx() * per;
+        const uint32_t end = Min(t_->numWork, begin + per);
+        for (uint32_t item = begin; item < end; ++item) ProcessItem(item);
+
+        tableQueue_.FreeTensor(tables_);
+    }
+
+private:
+    __aicore__ inline void ProcessItem(uint32_t item)
+    {
+        const uint32_t h = item % t_->numHeads;
+        const uint32_t kv = (item / t_->numHeads) % 2;
+        const uint32_t page = item / (2 * t_->numHeads);
+        const LynxPageKind& pk = t_->kind[LynxKindOf(*t_, page)];
+        const uint64_t aBase = LynxAnchorBase(*t_, page);
+        const uint64_t rBase = LynxResidualBase(*t_, page);
+        const uint32_t d = t_->headDim, tp = pk.numTokens;
+        if (pk.numSink) CopySinks(kv, h, aBase + pk.offset[LYNX_K_SINK + kv]);
+        if (tp == 0) return;
+
+        const uint64_t src = ((uint64_t)h * t_->numTokens + LynxBodyStart(*t_, page)) * d;
+        const uint32_t rowsPer = t_->rowsPerBlock[kv];
+        AscendC::LocalTensor<float> gmin = gminBuf_.Get<float>();
+        AscendC::LocalTensor<float> gmax = gmaxBuf_.Get<float>();
+        AscendC::Duplicate(gmin, F_INF, t_->dimPad);
+        AscendC::Duplicate(gmax, -F_INF, t_->dimPad);
+        for (uint32_t r0 = 0; r0 < tp; r0 += rowsPer) {   // pass 1: per-channel page min / max
+            const uint32_t rows = Min(rowsPer, tp - r0);
+            CopyIn(src + (uint64_t)r0 * d, kv, rows);
+            ComputeGamma(rows);
+        }
+        CopyOutGamma(kv, h, aBase + pk.offset[LYNX_K_GAMMA + kv]);
+        for (uint32_t r0 = 0; r0 < tp; r0 += rowsPer) {   // pass 2: quantize
+            const uint32_t rows = Min(rowsPer, tp - r0);
+            CopyIn(src + (uint64_t)r0 * d, kv, rows);
+            const uint32_t nstat = ComputeQuant(kv, rows);
+            CopyOut(kv, h, pk, aBase, rBase, r0, rows, nstat);
+        }
+    }
+
+    __aicore__ inline void CopyIn(uint64_t src, uint32_t kv, uint32_t rows)
+    {
+        AscendC::LocalTensor<T> in = inQueue_.AllocTensor<T>();
+        AscendC::DataCopy(in, kvGm_[kv][src], rows * t_->headDim);
+        inQueue_.EnQue(in);
+    }
+
+    // Sinks go to the anchor as they are: GM -> UB -> GM through a bound VECIN/VECOUT queue.
+    __aicore__ inline void CopySinks(uint32_t kv, uint32_t h, uint64_t dstByte)
+    {
+        const uint32_t d = t_->headDim, ns = t_->numSink;
+        AscendC::GlobalTensor<T> dst;
+        dst.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(anchor_ + dstByte), (uint64_t)t_->numHeads * ns * d);
+        for (uint32_t r = 0; r < ns; r += t_->sinkRows) {
+            const uint32_t rows = Min(t_->sinkRows, ns - r);
+            AscendC::LocalTensor<T> s = sinkQueue_.AllocTensor<T>();
+            AscendC::DataCopy(s, kvGm_[kv][((uint64_t)h * t_->numTokens + r) * d], rows * d);
+            sinkQueue_.EnQue(s);
+            s = sinkQueue_.DeQue<T>();
+            AscendC::DataCopy(dst[((uint64_t)h * ns + r) * d], s, rows * d);
+            sinkQueue_.FreeTensor(s);
+        }
+    }
+
+    // Loads a dequeued row block into x as float32, zero-filling the padding to a whole repeat.
+    __aicore__ inline uint32_t LoadRows(uint32_t rows)
+    {
+        const uint32_t n = rows * t_->headDim, np = LynxRoundUp(n, REPEAT_FLOATS);
+        AscendC::LocalTensor<T> in = inQueue_.DeQue<T>();
+        AscendC::LocalTensor<float> x = xBuf_.Get<float>();
+        AscendC::Cast(x, in, AscendC::RoundMode::CAST_NONE, n);
+        inQueue_.FreeTensor(in);
+        if (np > n) AscendC::Duplicate(x[n], 0.0f, np - n);
+        return np;
+    }
+
+    __aicore__ inline void ComputeGamma(uint32_t rows)
+    {
+        const uint32_t d = t_->headDim, np = LoadRows(rows);
+        AscendC::LocalTensor<float> x = xBuf_.Get<float>();
+        AscendC::LocalTensor<float> w = workBuf_.Get<float>();
+        AscendC::DataCopy(w, x, np);
+        FoldRows(Op::MIN, x, rows, d);
+        FoldRows(Op::MAX, w, rows, d);
+        AscendC::Min(gminBuf_.Get<float>(), gminBuf_.Get<float>(), x, d);
+        AscendC::Max(gmaxBuf_.Get<float>(), gmaxBuf_.Get<float>(), w, d);
+    }
+
+    __aicore__ inline void CopyOutGamma(uint32_t kv, uint32_t h, uint64_t dstByte)
+    {
+        const uint32_t d = t_->headDim;
+        AscendC::LocalTensor<float> gmin = gminBuf_.Get<float>();
+        AscendC::LocalTensor<float> gmax = gmaxBuf_.Get<float>();
+        AscendC::LocalTensor<T> g = gammaQueue_.AllocTensor<T>();
+        CastToKv(g, gmin, d);  // exact: gamma values are input values
+        CastToKv(g[d], gmax, d);
+        gammaQueue_.EnQue(g);
+        // scale = gmax - gmin, 1 where the channel is constant (x - gmin is 0 there anyway)
+        AscendC::LocalTensor<float> scale = scaleBuf_.Get<float>();
+        AscendC::Sub(scale, gmax, gmin, t_->dimPad);
+        AscendC::CompareScalar(rowMaskBuf_.Get<uint8_t>(), scale, 0.0f, AscendC::CMPMODE::GT, t_->dimPad);
+        AscendC::Select(scale, rowMaskBuf_.Get<uint8_t>(), scale, 1.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE,
+                        t_->dimPad);
+
+        g = gammaQueue_.DeQue<T>();
+        AscendC::GlobalTensor<T> dst;
+        dst.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(anchor_ + dstByte), 2ull * t_->numHeads * d);
+        AscendC::DataCopy(dst[(uint64_t)h * d], g, d);                              // page min
+        AscendC::DataCopy(dst[((uint64_t)t_->numHeads + h) * d], g[d], d);          // page max
+        gammaQueue_.FreeTensor(g);
+    }
+
+    // Normalises the block, writes mu / sigma to the stats queue, quantizes into the code queues.
+    // Returns the number of chunk statistics of the block.
+    __aicore__ inline uint32_t ComputeQuant(uint32_t kv, uint32_t rows)
+    {
+        const uint32_t d = t_->headDim, c = t_->chunkSize, n = rows * d;
+        const uint32_t np = LoadRows(rows);
+        AscendC::LocalTensor<float> x = xBuf_.Get<float>();
+        AscendC::LocalTensor<float> w = workBuf_.Get<float>();
+        AscendC::LocalTensor<float> sum = sumBuf_.Get<float>();
+        AscendC::LocalTensor<float> cnt = cntBuf_.Get<float>();
+        AscendC::LocalTensor<float> mu = muBuf_.Get<float>();
+        AscendC::LocalTensor<float> sig = sigBuf_.Get<float>();
+        RowBroadcast(Op::SUB, x, x, gminBuf_.Get<float>(), rows, d);
+        RowBroadcast(Op::DIV, x, x, scaleBuf_.Get<float>(), rows, d);
+
+        AscendC::LocalTensor<half> stats = statsQueue_.AllocTensor<half>();  // [mu | sigma]
+        const uint32_t ms = t_->maxStats;
+        uint32_t nstat;
+        if (t_->axis[kv] == LYNX_AXIS_CHANNEL) {
+            const uint32_t nch = CeilDiv(rows, c);
+            nstat = nch * d;
+            AscendC::DataCopy(w, x, np);
+            ChannelChunks(Op::ADD, w, sum, rows);
+            AscendC::Duplicate(cnt, (float)c, nstat);
+            if (rows % c) AscendC::Duplicate(cnt[(nch - 1) * d], (float)(rows % c), d);
+            AscendC::Div(sum, sum, cnt, nstat);
+            AscendC::Cast(stats, sum, AscendC::RoundMode::CAST_RINT, nstat);
+            AscendC::Cast(mu, stats, AscendC::RoundMode::CAST_NONE, nstat);
+            for (uint32_t k = 0; k < nch; ++k)
+                RowBroadcast(Op::SUB, x[k * c * d], x[k * c * d], mu[k * d], Min(c, rows - k * c), d);
+            AscendC::Abs(w, x, n);
+            ChannelChunks(Op::MAX, w, sum, rows);
+            AscendC::Cast(stats[ms], sum, AscendC::RoundMode::CAST_RINT, nstat);
+            AscendC::Cast(sig, stats[ms], AscendC::RoundMode::CAST_NONE, nstat);
+            PositiveOrInf(sig, sigMaskBuf_.Get<uint8_t>(), LynxRoundUp(nstat, REPEAT_FLOATS));
+            for (uint32_t k = 0; k < nch; ++k)
+                RowBroadcast(Op::DIV, x[k * c * d], x[k * c * d], sig[k * d], Min(c, rows - k * c), d);
+        } else {
+            nstat = rows * (d / c);
+            AscendC::LocalTensor<float> spread = spreadBuf_.Get<float>();
+            const int32_t cBlocks = (int32_t)(c / BLOCK_FLOATS);
+            for (uint32_t r0 = 0; r0 < nstat; r0 += REDUCE_STEP)
+                AscendC::WholeReduceSum(sum[r0], x[r0 * c], (int32_t)c, (int32_t)Min(REDUCE_STEP, nstat - r0), 1, 1,
+                                        cBlocks);
+            AscendC::Duplicate(cnt, (float)c, nstat);
+            AscendC::Div(sum, sum, cnt, nstat);
+            AscendC::Cast(stats, sum, AscendC::RoundMode::CAST_RINT, nstat);
+            AscendC::Cast(mu, stats, AscendC::RoundMode::CAST_NONE, nstat);
+            ChunkBroadcast(Op::SUB, x, x, mu, spread, nstat, c);
+            AscendC::Abs(w, x, n);
+            for (uint32_t r0 = 0; r0 < nstat; r0 += REDUCE_STEP)
+                AscendC::WholeReduceMax(sum[r0], w[r0 * c], (int32_t)c, (int32_t)Min(REDUCE_STEP, nstat - r0), 1, 1,
+                                        cBlocks, AscendC::ReduceOrder::ORDER_ONLY_VALUE);
+            AscendC::Cast(stats[ms], sum, AscendC::RoundMode::CAST_RINT, nstat);
+            AscendC::Cast(sig, stats[ms], AscendC::RoundMode::CAST_NONE, nstat);
+            PositiveOrInf(sig, sigMaskBuf_.Get<uint8_t>(), LynxRoundUp(nstat, REPEAT_FLOATS));
+            ChunkBroadcast(Op::DIV, x, x, sig, spread, nstat, c);
+        }
+        statsQueue_.EnQue(stats);
+
+        AscendC::LocalTensor<uint8_t> codes = codeQueue_.AllocTensor<uint8_t>();
+        AscendC::LocalTensor<uint8_t> res = resQueue_.AllocTensor<uint8_t>();
+        const AscendC::LocalTensor<float> thr = tables_[kv * t_->tableSize];
+        for (uint32_t s = 0; s < np; s += t_->subBlock)
+            Quantize(x[s], Min(t_->subBlock, np - s), codes[s / 2], res[s / 2], thr);
+        codeQueue_.EnQue(codes);
+        resQueue_.EnQue(res);
+        return nstat;
+    }
+
+    // Channel-axis chunks (C rows of one column): folds each chunk of w with op and gathers the
+    // chunk rows into out as [num_chunks, D].
+    __aicore__ inline void ChannelChunks(Op op, const AscendC::LocalTensor<float>& w,
+                                         const AscendC::LocalTensor<float>& out, uint32_t rows)
+    {
+        const uint32_t d = t_->headDim, c = t_->chunkSize;
+        for (uint32_t k = 0; k * c < rows; ++k) {
+            FoldRows(op, w[k * c * d], Min(c, rows - k * c), d);
+            AscendC::DataCopy(out[k * d], w[k * c * d], d);
+        }
+    }
+
+    // xf (n values, n % 64 == 0) -> packed anchor and residual nibbles.
+    __aicore__ inline void Quantize(const AscendC::LocalTensor<float>& xf, uint32_t n,
+                                    const AscendC::LocalTensor<uint8_t>& codes, const AscendC::LocalTensor<uint8_t>& res,
+                                    const AscendC::LocalTensor<float>& thr)
+    {
+        AscendC::LocalTensor<float> ax = f1Buf_.Get<float>();
+        AscendC::LocalTensor<float> idx = f2Buf_.Get<float>();
+        AscendC::LocalTensor<float> tmp = f3Buf_.Get<float>();
+        AscendC::LocalTensor<int32_t> off = offBuf_.Get<int32_t>();
+        AscendC::LocalTensor<uint8_t> mask = maskBuf_.Get<uint8_t>();
+        AscendC::Abs(ax, xf, n);
+        // I = #{j : thr[j] <= |x|}: thresholds increase, so binary-search the largest I with
+        // thr[I - 1] <= |x| over the table padded with +inf to a power of two
+        AscendC::Duplicate(idx, 0.0f, n);
+        for (uint32_t step = t_->tableSize / 2; step >= 1; step /= 2) {
+            AscendC::Adds(tmp, idx, (float)(step - 1), n);
+            AscendC::Muls(tmp, tmp, (float)sizeof(float), n);   // byte offset of thr[idx + step - 1]
+            AscendC::Cast(off, tmp, AscendC::RoundMode::CAST_RINT, n);
+            AscendC::Gather(tmp, thr, off.ReinterpretCast<uint32_t>(), 0, n);
+            AscendC::Compare(mask, tmp, ax, AscendC::CMPMODE::LE, n);
+            AscendC::Adds(tmp, idx, (float)step, n);
+            AscendC::Select(idx, mask, tmp, idx, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+        }
+        // m = (I + bias) >> r (exact in float32: small integers times a power of two)
+        const float one = (float)(1u << t_->residualBits);
+        AscendC::Adds(tmp, idx, (float)t_->bias, n);
+        AscendC::Muls(tmp, tmp, 1.0f / one, n);
+        AscendC::Cast(off, tmp, AscendC::RoundMode::CAST_FLOOR, n);
+        AscendC::Cast(tmp, off, AscendC::RoundMode::CAST_NONE, n);       // tmp = m
+        AscendC::Muls(ax, tmp, one, n);
+        AscendC::Sub(ax, ax, idx, n);                                    // ax = res = (m << r) - I
+        // anchor nibble: m, or (-m - 1) & 0xF = 15 - m where the centred value is negative
+        const float anchorMask = (float)((1u << (8 - t_->residualBits)) - 1);
+        AscendC::CompareScalar(mask, xf, 0.0f, AscendC::CMPMODE::LT, n);
+        AscendC::Muls(idx, tmp, -1.0f, n);
+        AscendC::Adds(idx, idx, anchorMask, n);
+        AscendC::Select(idx, mask, idx, tmp, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+        // residual nibble: res & 0xF
+        AscendC::CompareScalar(mask, ax, 0.0f, AscendC::CMPMODE::LT, n);
+        AscendC::Adds(tmp, ax, one, n);
+        AscendC::Select(ax, mask, tmp, ax, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+        PackNibbles(codes, idx, n);
+        PackNibbles(res, ax, n);
+    }
+
+    // Two 4-bit values per byte, low nibble first: GatherMask splits even / odd lanes,
+    // byte = even + 16 * odd, then float -> half -> uint8 (exact for 0..255).
+    __aicore__ inline void PackNibbles(const AscendC::LocalTensor<uint8_t>& dst, const AscendC::LocalTensor<float>& nib,
+                                       uint32_t n)
+    {
+        AscendC::LocalTensor<float> tmp = f3Buf_.Get<float>();
+        AscendC::LocalTensor<half> h = offBuf_.Get<half>();
+        const AscendC::GatherMaskParams p(1, (uint16_t)(n / REPEAT_FLOATS), 8, 0);
+        uint64_t kept = 0;
+        AscendC::GatherMask(tmp, nib, 1, false, 0, p, kept);            // even lanes
+        AscendC::GatherMask(tmp[n / 2], nib, 2, false, 0, p, kept);     // odd lanes
+        AscendC::Muls(tmp[n / 2], tmp[n / 2], 16.0f, n / 2);
+        AscendC::Add(tmp, tmp, tmp[n / 2], n / 2);
+        AscendC::Cast(h, tmp, AscendC::RoundMode::CAST_NONE, n / 2);
+        AscendC::Cast(dst, h, AscendC::RoundMode::CAST_NONE, n / 2);
+    }
+
+    __aicore__ inline void CopyOut(uint32_t kv, uint32_t h, const LynxPageKind& pk, uint64_t aBase, uint64_t rBase,
+                                   uint32_t r0, uint32_t rows, uint32_t nstat)
+    {
+        const uint32_t d = t_->headDim, c = t_->chunkSize, tp = pk.numTokens;
+        const uint64_t first = ((uint64_t)h * tp + r0) * d;  // first value of the block in [H, Tp, D]
+        const AscendC::DataCopyExtParams codeParams(1, rows * d / 2, 0, 0, 0);
+        AscendC::LocalTensor<uint8_t> codes = codeQueue_.DeQue<uint8_t>();
+        AscendC::DataCopyPad(anchorGm_[aBase + pk.offset[LYNX_K_CODES + kv] + first / 2], codes, codeParams);
+        codeQueue_.FreeTensor(codes);
+        AscendC::LocalTensor<uint8_t> res = resQueue_.DeQue<uint8_t>();
+        AscendC::DataCopyPad(residualGm_[rBase + pk.offset[LYNX_K_RES + kv] + first / 2], res, codeParams);
+        resQueue_.FreeTensor(res);
+
+        const uint64_t chunk0 = t_->axis[kv] == LYNX_AXIS_CHANNEL
+                                    ? ((uint64_t)h * CeilDiv(tp, c) + r0 / c) * d
+                                    : ((uint64_t)h * tp + r0) * (d / c);
+        AscendC::GlobalTensor<half> statsGm;
+        statsGm.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(anchor_ + aBase + pk.offset[LYNX_K_STATS + kv]),
+                                2ull * pk.numChunks[kv]);
+        const AscendC::DataCopyExtParams statParams(1, nstat * sizeof(half), 0, 0, 0);
+        AscendC::LocalTensor<half> stats = statsQueue_.DeQue<half>();
+        AscendC::DataCopyPad(statsGm[chunk0], stats, statParams);                               // mu
+        AscendC::DataCopyPad(statsGm[pk.numChunks[kv] + chunk0], stats[t_->maxStats], statParams);  // sigma
+        statsQueue_.FreeTensor(stats);
+    }
+
+    const LynxTiling* t_ = nullptr;
+    GM_ADDR anchor_ = nullptr;
+    GM_ADDR residual_ = nullptr;
+    AscendC::GlobalTensor<T> kvGm_[2];
+    AscendC::GlobalTensor<float> thrGm_[2];
+    AscendC::GlobalTensor<uint8_t> anchorGm_, residualGm_;
+    AscendC::LocalTensor<float> tables_;  // [2, tableSize] thresholds of K then V, whole kernel
+
+    AscendC::TQue<AscendC::TPosition::VECIN, 1> tableQueue_;
+    AscendC::TQueBind<AscendC::TPosition::VECIN, AscendC::TPosition::VECOUT, BUFFER_NUM> sinkQueue_;
+    AscendC::TQue<AscendC::TPosition::VECIN, BUFFER_NUM> inQueue_;     // KV rows, dtype
+    AscendC::TQue<AscendC::TPosition::VECOUT, BUFFER_NUM> codeQueue_;  // packed anchor codes
+    AscendC::TQue<AscendC::TPosition::VECOUT, BUFFER_NUM> resQueue_;   // packed residual codes
+    AscendC::TQue<AscendC::TPosition::VECOUT, BUFFER_NUM> statsQueue_; // mu | sigma, float16
+    AscendC::TQue<AscendC::TPosition::VECOUT, 1> gammaQueue_;          // page min | max, dtype
+    AscendC::TBuf<AscendC::TPosition::VECCALC> xBuf_, workBuf_;        // [blockElems] float32
+    AscendC::TBuf<AscendC::TPosition::VECCALC> sumBuf_, cntBuf_, muBuf_, sigBuf_;  // [maxStats]
+    AscendC::TBuf<AscendC::TPosition::VECCALC> spreadBuf_;             // [maxStats * 8] Brcb blocks
+    AscendC::TBuf<AscendC::TPosition::VECCALC> gminBuf_, gmaxBuf_, scaleBuf_;      // [dimPad]
+    AscendC::TBuf<AscendC::TPosition::VECCALC> rowMaskBuf_;            // [dimPad] bits
+    AscendC::TBuf<AscendC::TPosition::VECCALC> f1Buf_, f2Buf_, f3Buf_, offBuf_;    // [subBlock]
+    AscendC::TBuf<AscendC::TPosition::VECCALC> maskBuf_;               // [subBlock] bits
+    AscendC::TBuf<AscendC::TPosition::VECCALC> sigMaskBuf_;            // [maxStats] bits
+};
+
+}  // namespace lynx
+
+#define LYNX_COMPRESS_ENTRY(NAME, TYPE)                                                                  \
+    extern "C" __global__ __aicore__ void NAME(GM_ADDR k, GM_ADDR v, GM_ADDR kThr, GM_ADDR vThr,        \
+                                               GM_ADDR anchor, GM_ADDR residual, GM_ADDR tiling)        \
+    {                                                                                                    \
+        LynxTiling t;                                                                                    \
+        lynx::CopyTiling(&t, tiling);                                                                    \
+        AscendC::TPipe pipe;                                                                             \
+        lynx::LynxCompress<TYPE> op;                                                                     \
+        op.Init(k, v, kThr, vThr, anchor, residual, &t, &pipe);                                          \
+        op.Process();                                                                                    \
+    }
+
+LYNX_COMPRESS_ENTRY(lynx_compress_fp16, half)
+LYNX_COMPRESS_ENTRY(lynx_compress_bf16, bfloat16_t)

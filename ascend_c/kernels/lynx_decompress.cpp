@@ -1,0 +1,363 @@
+/*
+ * Lynx decompress kernel (Ascend C, AI Vector cores): every page's anchor buffer (and, for the
+ * full stage, residual buffer) -> K, V of one layer, either dense [H, T, D] or written straight
+ * into vLLM-Ascend's paged caches (separate K and V of [num_blocks, block_size, H, D], token t
+ * at slot_mapping[t]). The math is lynx_ref.dequantize, float32 in the same order:
+ *
+ *   I  = m << r (anchor stage)  or  (m << r) - res (full stage), clamped to [0, y_max]
+ *   xf = +-levels[I]            (sign from the anchor code; the table is an input, no exp here)
+ *   x  = ((xf * sigma + mu) * (gmax - gmin) + gmin) -> KV dtype (round to nearest even)
+ *
+ * Nibbles are unpacked without bit instructions: bytes go through Cast to float, Gather
+ * duplicates byte j into lanes 2j and 2j+1, and Select takes the high nibble (floor(b / 16)) on
+ * odd lanes and the low one (b - 16 * hi) on even lanes.
+ *
+ * Pipeline per work item (page, K|V, head) and row block:
+ *   CopyIn (MTE2: codes, residual, mu | sigma -> queues) -> Compute (V) -> CopyOut (MTE3).
+ */
+#include "lynx_kernel_common.h"
+
+namespace lynx {
+
+template <typename T>
+class LynxDecompress {
+public:
+    __aicore__ inline LynxDecompress() {}
+
+    __aicore__ inline void Init(GM_ADDR anchor, GM_ADDR residual, GM_ADDR kLevels, GM_ADDR vLevels, GM_ADDR kOut,
+                                GM_ADDR vOut, GM_ADDR slotMapping, const LynxTiling* tiling, AscendC::TPipe* pipe)
+    {
+        t_ = tiling;
+        anchor_ = anchor;
+        paged_ = t_->mode == LYNX_MODE_DECOMPRESS_PAGED;
+        const uint64_t out = paged_ ? t_->numSlots * t_->numHeads * t_->headDim
+                                    : (uint64_t)t_->numHeads * t_->numTokens * t_->headDim;
+        outGm_[0].SetGlobalBuffer(reinterpret_cast<__gm__ T*>(kOut), out);
+        outGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ T*>(vOut), out);
+        lvGm_[0].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(kLevels), t_->tableSize);
+        lvGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(vLevels), t_->tableSize);
+        anchorGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(anchor), t_->anchorTotal);
+        if (t_->useResidual)
+            residualGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(residual), t_->residualTotal);
+        if (paged_) {
+            slot32Gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(slotMapping), t_->numTokens);
+            slot64Gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(slotMapping), t_->numTokens);
+        }
+
+        const uint32_t d = t_->headDim, es = sizeof(T), np = t_->blockElems, sb = t_->subBlock;
+        const uint32_t stats = t_->maxStats;
+        pipe->InitBuffer(tableQueue_, 1, 2 * t_->tableSize * sizeof(float));
+        if (t_->numSink) pipe->InitBuffer(sinkQueue_, BUFFER_NUM, t_->sinkRows * d * es);
+        pipe->InitBuffer(codeQueue_, BUFFER_NUM, np / 2);
+        if (t_->useResidual) pipe->InitBuffer(resQueue_, BUFFER_NUM, np / 2);
+        pipe->InitBuffer(statsQueue_, BUFFER_NUM, stats * 2 * sizeof(half));
+        pipe->InitBuffer(gammaQueue_, 1, 2 * d * es);
+        pipe->InitBuffer(outQueue_, BUFFER_NUM, t_->maxBlockRows * d * es);
+        pipe->InitBuffer(xBuf_, np * sizeof(float));
+        pipe->InitBuffer(muBuf_, stats * sizeof(float));
+        pipe->InitBuffer(sigBuf_, stats * sizeof(float));
+        if (t_->axis[0] == LYNX_AXIS_TOKEN || t_->axis[1] == LYNX_AXIS_TOKEN)
+            pipe->InitBuffer(spreadBuf_, stats * BLOCK_FLOATS * sizeof(float));
+        pipe->InitBuffer(gminBuf_, t_->dimPad * sizeof(float));
+        pipe->InitBuffer(scaleBuf_, t_->dimPad * sizeof(float));
+        pipe->InitBuffer(f1Buf_, sb * sizeof(float));
+        pipe->InitBuffer(f2Buf_, sb * sizeof(float));
+        pipe->InitBuffer(f3Buf_, sb * sizeof(float));
+        pipe->InitBuffer(f4Buf_, sb * sizeof(float));
+        pipe->InitBuffer(offBuf_, sb * sizeof(int32_t));
+        pipe->InitBuffer(halfBuf_, sb * sizeof(half));
+        pipe->InitBuffer(dupBuf_, sb * sizeof(uint32_t));
+        pipe->InitBuffer(oddBuf_, sb / 8);
+        pipe->InitBuffer(negBuf_, sb / 8);
+        pipe->InitBuffer(resMaskBuf_, sb / 8);
+    }
+
+    __aicore__ inline void Process()
+    {
+        AscendC::LocalTensor<float> tables = tableQueue_.AllocTensor<float>();
+        AscendC::DataCopy(tables, lvGm_[0], t_->tableSize);
+        AscendC::DataCopy(tables[t_->tableSize], lvGm_[1], t_->tableSize);
+        tableQueue_.EnQue(tables);
+        tables_ = tableQueue_.DeQue<float>();
+        BuildUnpackConstants();
+
+        const uint32_t blocks = (uint32_t)AscendC::GetBlockNum();
+        const uint32_t per = CeilDiv(t_->numWork, blocks);
+        const uint32_t begin = (uint32_t)AscendC::GetBlockIdx() * per;
+        const uint32_t end = Min(t_->numWork, begin + per);
+        for (uint32_t item = begin; item < end; ++item) ProcessItem(item);
+
+        tableQueue_.FreeTensor(tables_);
+    }
+
+private:
+    // dup[i] = (i / 2) * 4: Gather byte offsets that copy float j into lanes 2j and 2j + 1;
+    // odd = bits 0b10101010...: selects the odd lanes.
+    __aicore__ inline void BuildUnpackConstants()
+    {
+        const uint32_t sb = t_->subBlock;
+        AscendC::LocalTensor<float> f = f1Buf_.Get<float>();
+        AscendC::LocalTensor<int32_t> dup = dupBuf_.Get<int32_t>();
+        AscendC::CreateVecIndex(f, 0.0f, sb);
+        AscendC::Muls(f, f, 0.5f, sb);
+        AscendC::Cast(dup, f, AscendC::RoundMode::CAST_FLOOR, sb);
+        AscendC::Cast(f, dup, AscendC::RoundMode::CAST_NONE, sb);
+        AscendC::Muls(f, f, (float)sizeof(float), sb);
+        AscendC::Cast(dup, f, AscendC::RoundMode::CAST_RINT, sb);
+        AscendC::Duplicate(oddBuf_.Get<uint16_t>(), (uint16_t)0xAAAA, sb / 16);
+    }
+
+    __aicore__ inline void ProcessItem(uint32_t item)
+    {
+        const uint32_t h = item % t_->numHeads;
+        const uint32_t kv = (item / t_->numHeads) % 2;
+        const uint32_t page = item / (2 * t_->numHeads);
+        const LynxPageKind& pk = t_->kind[LynxKindOf(*t_, page)];
+        const uint64_t aBase = LynxAnchorBase(*t_, page);
+        const uint64_t rBase = LynxResidualBase(*t_, page);
+        if (pk.numSink) CopySinks(kv, h, aBase + pk.offset[LYNX_K_SINK + kv]);
+        if (pk.numTokens == 0) return;
+
+        LoadGamma(kv, h, aBase + pk.offset[LYNX_K_GAMMA + kv]);
+        const uint32_t rowsPer = t_->rowsPerBlock[kv], body = LynxBodyStart(*t_, page);
+        for (uint32_t r0 = 0; r0 < pk.numTokens; r0 += rowsPer) {
+            const uint32_t rows = Min(rowsPer, pk.numTokens - r0);
+            const uint32_t nstat = CopyIn(kv, h, pk, aBase, rBase, r0, rows);
+            Compute(kv, rows, nstat);
+            CopyOut(kv, h, body + r0, rows);
+        }
+    }
+
+    __aicore__ inline void LoadGamma(uint32_t kv, uint32_t h, uint64_t srcByte)
+    {
+        const uint32_t d = t_->headDim;
+        AscendC::GlobalTensor<T> src;
+        src.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(anchor_ + srcByte), 2ull * t_->numHeads * d);
+        AscendC::LocalTensor<T> g = gammaQueue_.AllocTensor<T>();
+        AscendC::DataCopy(g, src[(uint64_t)h * d], d);
+        AscendC::DataCopy(g[d], src[((uint64_t)t_->numHeads + h) * d], d);
+        gammaQueue_.EnQue(g);
+        g = gammaQueue_.DeQue<T>();
+        AscendC::LocalTensor<float> gmin = gminBuf_.Get<float>();
+        AscendC::LocalTensor<float> scale = scaleBuf_.Get<float>();
+        AscendC::Cast(gmin, g, AscendC::RoundMode::CAST_NONE, d);
+        AscendC::Cast(scale, g[d], AscendC::RoundMode::CAST_NONE, d);
+        AscendC::Sub(scale, scale, gmin, d);  // gmax - gmin
+        gammaQueue_.FreeTensor(g);
+    }
+
+    // Returns the number of chunk statistics of the block.
+    __aicore__ inline uint32_t CopyIn(uint32_t kv, uint32_t h, const LynxPageKind& pk, uint64_t aBase, uint64_t rBase,
+                                      uint32_t r0, uint32_t rows)
+    {
+        const uint32_t d = t_->headDim, c = t_->chunkSize, tp = pk.numTokens;
+        const uint64_t first = ((uint64_t)h * tp + r0) * d;
+        const AscendC::DataCopyExtParams codeParams(1, rows * d / 2, 0, 0, 0);
+        const AscendC::DataCopyPadExtParams<uint8_t> noPad(false, 0, 0, 0);
+        AscendC::LocalTensor<uint8_t> codes = codeQueue_.AllocTensor<uint8_t>();
+        AscendC::DataCopyPad(codes, anchorGm_[aBase + pk.offset[LYNX_K_CODES + kv] + first / 2], codeParams, noPad);
+        codeQueue_.EnQue(codes);
+        if (t_->useResidual) {
+            AscendC::LocalTensor<uint8_t> res = resQueue_.AllocTensor<uint8_t>();
+            AscendC::DataCopyPad(res, residualGm_[rBase + pk.offset[LYNX_K_RES + kv] + first / 2], codeParams, noPad);
+            resQueue_.EnQue(res);
+        }
+        const bool channel = t_->axis[kv] == LYNX_AXIS_CHANNEL;
+        const uint32_t nstat = channel ? CeilDiv(rows, c) * d : rows * (d / c);
+        const uint64_t chunk0 = channel ? ((uint64_t)h * CeilDiv(tp, c) + r0 / c) * d : ((uint64_t)h * tp + r0) * (d / c);
+        AscendC::GlobalTensor<half> statsGm;
+        statsGm.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(anchor_ + aBase + pk.offset[LYNX_K_STATS + kv]),
+                                2ull * pk.numChunks[kv]);
+        const AscendC::DataCopyExtParams statParams(1, nstat * sizeof(half), 0, 0, 0);
+        const AscendC::DataCopyPadExtParams<half> halfPad(false, 0, 0, (half)0);
+        AscendC::LocalTensor<half> stats = statsQueue_.AllocTensor<half>();
+        AscendC::DataCopyPad(stats, statsGm[chunk0], statParams, halfPad);                              // mu
+        AscendC::DataCopyPad(stats[t_->maxStats], statsGm[pk.numChunks[kv] + chunk0], statParams, halfPad);  // sigma
+        statsQueue_.EnQue(stats);
+        return nstat;
+    }
+
+    __aicore__ inline void Compute(uint32_t kv, uint32_t rows, uint32_t nstat)
+    {
+        const uint32_t d = t_->headDim, c = t_->chunkSize, n = rows * d;
+        const uint32_t np = LynxRoundUp(n, REPEAT_FLOATS);
+        AscendC::LocalTensor<float> x = xBuf_.Get<float>();
+        AscendC::LocalTensor<uint8_t> codes = codeQueue_.DeQue<uint8_t>();
+        AscendC::LocalTensor<uint8_t> res;
+        if (t_->useResidual) res = resQueue_.DeQue<uint8_t>();
+        const AscendC::LocalTensor<float> lv = tables_[kv * t_->tableSize];
+        for (uint32_t s = 0; s < np; s += t_->subBlock) {
+            const uint32_t m = Min(t_->subBlock, np - s);
+            Dequantize(codes[s / 2], t_->useResidual ? res[s / 2] : res, m, lv, x[s]);
+        }
+        codeQueue_.FreeTensor(codes);
+        if (t_->useResidual) resQueue_.FreeTensor(res);
+
+        AscendC::LocalTensor<half> stats = statsQueue_.DeQue<half>();
+        AscendC::LocalTensor<float> mu = muBuf_.Get<float>();
+        AscendC::LocalTensor<float> sig = sigBuf_.Get<float>();
+        AscendC::Cast(mu, stats, AscendC::RoundMode::CAST_NONE, nstat);
+        AscendC::Cast(sig, stats[t_->maxStats], AscendC::RoundMode::CAST_NONE, nstat);
+        statsQueue_.FreeTensor(stats);
+        if (t_->axis[kv] == LYNX_AXIS_CHANNEL) {
+            for (uint32_t k = 0; k * c < rows; ++k) {
+                const uint32_t rk = Min(c, rows - k * c);
+                RowBroadcast(Op::MUL, x[k * c * d], x[k * c * d], sig[k * d], rk, d);
+                RowBroadcast(Op::ADD, x[k * c * d], x[k * c * d], mu[k * d], rk, d);
+            }
+        } else {
+            AscendC::LocalTensor<float> spread = spreadBuf_.Get<float>();
+            ChunkBroadcast(Op::MUL, x, x, sig, spread, nstat, c);
+            ChunkBroadcast(Op::ADD, x, x, mu, spread, nstat, c);
+        }
+        RowBroadcast(Op::MUL, x, x, scaleBuf_.Get<float>(), rows, d);
+        RowBroadcast(Op::ADD, x, x, gminBuf_.Get<float>(), rows, d);
+
+        AscendC::LocalTensor<T> out = outQueue_.AllocTensor<T>();
+        CastToKv(out, x, n);
+        outQueue_.EnQue(out);
+    }
+
+    // m packed codes (m / 2 bytes each stream) -> xf = +-levels[I] for m lanes (m % 64 == 0).
+    __aicore__ inline void Dequantize(const AscendC::LocalTensor<uint8_t>& codes, const AscendC::LocalTensor<uint8_t>& res,
+                                      uint32_t m, const AscendC::LocalTensor<float>& lv,
+                                      const AscendC::LocalTensor<float>& xf)
+    {
+        AscendC::LocalTensor<float> nib = f1Buf_.Get<float>();
+        AscendC::LocalTensor<float> code = f2Buf_.Get<float>();
+        AscendC::LocalTensor<float> tmp = f3Buf_.Get<float>();
+        AscendC::LocalTensor<uint8_t> neg = negBuf_.Get<uint8_t>();
+        const float one = (float)(1u << t_->residualBits);
+        const float anchorMask = (float)((1u << (8 - t_->residualBits)) - 1);
+        // anchor nibble a: negative (sign bit set) -> m = 15 - a, else m = a
+        Unpack(codes, m);
+        AscendC::CompareScalar(neg, nib, (anchorMask + 1) / 2, AscendC::CMPMODE::GE, m);
+        AscendC::Muls(code, nib, -1.0f, m);
+        AscendC::Adds(code, code, anchorMask, m);
+        AscendC::Select(code, neg, code, nib, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
+        AscendC::Muls(code, code, one, m);  // I = m << r
+        if (t_->useResidual) {              // I -= res (sign-extended nibble)
+            AscendC::LocalTensor<uint8_t> rneg = resMaskBuf_.Get<uint8_t>();
+            Unpack(res, m);
+            AscendC::CompareScalar(rneg, nib, one / 2, AscendC::CMPMODE::GE, m);
+            AscendC::Adds(tmp, nib, -one, m);
+            AscendC::Select(nib, rneg, tmp, nib, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
+            AscendC::Sub(code, code, nib, m);
+        }
+        AscendC::Maxs(code, code, 0.0f, m);
+        AscendC::Mins(code, code, (float)t_->yMax, m);
+        AscendC::Muls(code, code, (float)sizeof(float), m);
+        AscendC::LocalTensor<int32_t> off = offBuf_.Get<int32_t>();
+        AscendC::Cast(off, code, AscendC::RoundMode::CAST_RINT, m);
+        AscendC::Gather(nib, lv, off.ReinterpretCast<uint32_t>(), 0, m);  // |x| = levels[I]
+        AscendC::Muls(tmp, nib, -1.0f, m);
+        AscendC::Select(xf, neg, tmp, nib, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
+    }
+
+    // m / 2 packed bytes -> m nibbles (low nibble first) in f1 as float.
+    __aicore__ inline void Unpack(const AscendC::LocalTensor<uint8_t>& bytes, uint32_t m)
+    {
+        AscendC::LocalTensor<float> nib = f1Buf_.Get<float>();
+        AscendC::LocalTensor<float> tmp = f3Buf_.Get<float>();
+        AscendC::LocalTensor<float> lo = f4Buf_.Get<float>();
+        AscendC::LocalTensor<half> h = halfBuf_.Get<half>();
+        AscendC::LocalTensor<int32_t> off = offBuf_.Get<int32_t>();
+        AscendC::Cast(h, bytes, AscendC::RoundMode::CAST_NONE, m / 2);
+        AscendC::Cast(tmp, h, AscendC::RoundMode::CAST_NONE, m / 2);
+        AscendC::Gather(nib, tmp, dupBuf_.Get<uint32_t>(), 0, m);       // lanes 2j, 2j + 1 <- byte j
+        AscendC::Muls(tmp, nib, 1.0f / 16, m);
+        AscendC::Cast(off, tmp, AscendC::RoundMode::CAST_FLOOR, m);
+        AscendC::Cast(tmp, off, AscendC::RoundMode::CAST_NONE, m);      // hi = floor(b / 16)
+        AscendC::Muls(lo, tmp, 16.0f, m);
+        AscendC::Sub(lo, nib, lo, m);                                   // lo = b - 16 * hi
+        AscendC::Select(nib, oddBuf_.Get<uint8_t>(), tmp, lo, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
+    }
+
+    __aicore__ inline int64_t SlotOf(uint32_t token) const
+    {
+        return t_->slotBytes == 8 ? slot64Gm_.GetValue(token) : (int64_t)slot32Gm_.GetValue(token);
+    }
+
+    // Writes `rows` rows of head h for layer tokens [token0, token0 + rows) from a dequeued tensor.
+    __aicore__ inline void WriteRows(uint32_t kv, uint32_t h, uint32_t token0, uint32_t rows,
+                                     const AscendC::LocalTensor<T>& src)
+    {
+        const uint32_t d = t_->headDim;
+        if (!paged_) {
+            AscendC::DataCopy(outGm_[kv][((uint64_t)h * t_->numTokens + token0) * d], src, rows * d);
+            return;
+        }
+        for (uint32_t r = 0; r < rows; ++r) {  // vLLM-Ascend cache: [slot, head, dim] per token
+            const int64_t slot = SlotOf(token0 + r);
+            if (slot < 0 || (uint64_t)slot >= t_->numSlots) continue;  // padding slot: skipped
+            AscendC::DataCopy(outGm_[kv][((uint64_t)slot * t_->numHeads + h) * d], src[r * d], d);
+        }
+    }
+
+    __aicore__ inline void CopyOut(uint32_t kv, uint32_t h, uint32_t token0, uint32_t rows)
+    {
+        AscendC::LocalTensor<T> out = outQueue_.DeQue<T>();
+        WriteRows(kv, h, token0, rows, out);
+        outQueue_.FreeTensor(out);
+    }
+
+    // Sinks are stored exact: anchor GM -> UB -> output through a bound VECIN/VECOUT queue.
+    __aicore__ inline void CopySinks(uint32_t kv, uint32_t h, uint64_t srcByte)
+    {
+        const uint32_t d = t_->headDim, ns = t_->numSink;
+        AscendC::GlobalTensor<T> src;
+        src.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(anchor_ + srcByte), (uint64_t)t_->numHeads * ns * d);
+        for (uint32_t r = 0; r < ns; r += t_->sinkRows) {
+            const uint32_t rows = Min(t_->sinkRows, ns - r);
+            AscendC::LocalTensor<T> s = sinkQueue_.AllocTensor<T>();
+            AscendC::DataCopy(s, src[((uint64_t)h * ns + r) * d], rows * d);
+            sinkQueue_.EnQue(s);
+            s = sinkQueue_.DeQue<T>();
+            WriteRows(kv, h, r, rows, s);
+            sinkQueue_.FreeTensor(s);
+        }
+    }
+
+    const LynxTiling* t_ = nullptr;
+    GM_ADDR anchor_ = nullptr;
+    bool paged_ = false;
+    AscendC::GlobalTensor<T> outGm_[2];
+    AscendC::GlobalTensor<float> lvGm_[2];
+    AscendC::GlobalTensor<uint8_t> anchorGm_, residualGm_;
+    AscendC::GlobalTensor<int32_t> slot32Gm_;
+    AscendC::GlobalTensor<int64_t> slot64Gm_;
+    AscendC::LocalTensor<float> tables_;  // [2, tableSize] levels of K then V, whole kernel
+
+    AscendC::TQue<AscendC::TPosition::VECIN, 1> tableQueue_;
+    AscendC::TQueBind<AscendC::TPosition::VECIN, AscendC::TPosition::VECOUT, BUFFER_NUM> sinkQueue_;
+    AscendC::TQue<AscendC::TPosition::VECIN, BUFFER_NUM> codeQueue_;   // packed anchor codes
+    AscendC::TQue<AscendC::TPosition::VECIN, BUFFER_NUM> resQueue_;    // packed residual codes
+    AscendC::TQue<AscendC::TPosition::VECIN, BUFFER_NUM> statsQueue_;  // mu | sigma, float16
+    AscendC::TQue<AscendC::TPosition::VECIN, 1> gammaQueue_;           // page min | max, dtype
+    AscendC::TQue<AscendC::TPosition::VECOUT, BUFFER_NUM> outQueue_;   // KV rows, dtype
+    AscendC::TBuf<AscendC::TPosition::VECCALC> xBuf_;                  // [blockElems] float32
+    AscendC::TBuf<AscendC::TPosition::VECCALC> muBuf_, sigBuf_;        // [maxStats]
+    AscendC::TBuf<AscendC::TPosition::VECCALC> spreadBuf_;             // [maxStats * 8] Brcb blocks
+    AscendC::TBuf<AscendC::TPosition::VECCALC> gminBuf_, scaleBuf_;    // [dimPad]
+    AscendC::TBuf<AscendC::TPosition::VECCALC> f1Buf_, f2Buf_, f3Buf_, f4Buf_, offBuf_;  // [subBlock]
+    AscendC::TBuf<AscendC::TPosition::VECCALC> halfBuf_, dupBuf_;      // [subBlock]
+    AscendC::TBuf<AscendC::TPosition::VECCALC> oddBuf_, negBuf_, resMaskBuf_;  // [subBlock] bits
+};
+
+}  // namespace lynx
+
+#define LYNX_DECOMPRESS_ENTRY(NAME, TYPE)                                                                  \
+    extern "C" __global__ __aicore__ void NAME(GM_ADDR anchor, GM_ADDR residual, GM_ADDR kLevels,         \
+                                               GM_ADDR vLevels, GM_ADDR kOut, GM_ADDR vOut,               \
+                                               GM_ADDR slotMapping, GM_ADDR tiling)                        \
+    {                                                                                                      \
+        LynxTiling t;                                                                                      \
+        lynx::CopyTiling(&t, tiling);                                                                      \
+        AscendC::TPipe pipe;                                                                               \
+        lynx::LynxDecompress<TYPE> op;                                                                     \
+        op.Init(anchor, residual, kLevels, vLevels, kOut, vOut, slotMapping, &t, &pipe);                   \
+        op.Process();                                                                                      \
+    }
+
+LYNX_DECOMPRESS_ENTRY(lynx_decompress_fp16, half)
+LYNX_DECOMPRESS_ENTRY(lynx_decompress_bf16, bfloat16_t)

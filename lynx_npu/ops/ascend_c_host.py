@@ -1,0 +1,310 @@
+"""The Ascend C Lynx kernels run on the CPU through their g++ host build (no NPU involved).
+
+``ascend_c/host_emu`` implements the subset of the Ascend C API the kernels in
+``ascend_c/kernels`` use; g++ compiles kernels + emulation into a shared library on first use
+(cached by source hash under ``$LYNX_ASCEND_C_CACHE`` or ``~/.cache/lynx_npu/ascend_c_host``),
+and this module calls it through ctypes. The buffers are the wire format v1 bytes of
+:class:`lynx_npu.codec.lynx.LynxCodec` (``EncodedLynx.anchor`` / ``.residual``: every page's
+buffer back to back).
+
+This is how CI checks the kernels against the reference codec. It is not hardware validation:
+the NPU path (CANN build, torch_npu op) has not run on an Atlas device here. It is also slow
+(the emulation checks every API rule per element); use it for tests, not for throughput.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ..codec import lynx_tables
+from ..codec.base import validate_kv
+from ..codec.lynx_config import LynxConfig, make_config
+
+ASCEND_C_DIR = pathlib.Path(__file__).resolve().parents[2] / "ascend_c"
+TABLE_SIZE = 128          # LYNX_TABLE_SIZE in ascend_c/kernels/lynx_tiling.h
+DEFAULT_BLOCK_DIM = 8     # emulated AI Vector cores (an Atlas 800I A2 910B has 40 / 48)
+_DTYPES = {torch.float16: 0, torch.bfloat16: 1}
+_AXES = {"channel": 0, "token": 1}
+_MODE_COMPRESS, _MODE_DECOMPRESS, _MODE_PAGED = 0, 1, 2
+_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
+          "-DLYNX_HOST_EMU=1"]
+
+
+class AscendCHostError(RuntimeError):
+    """The host build failed, or the emulated kernel broke an Ascend C rule."""
+
+
+# -- build ------------------------------------------------------------------------------------
+
+def _sources() -> list[pathlib.Path]:
+    if not ASCEND_C_DIR.is_dir():
+        raise AscendCHostError(f"Ascend C sources not found at {ASCEND_C_DIR} (the host build "
+                               "needs the repository checkout, e.g. an editable install)")
+    return sorted(p for sub in ("kernels", "host", "host_emu") for p in (ASCEND_C_DIR / sub).iterdir()
+                  if p.suffix in (".h", ".cpp"))
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        raise AscendCHostError(f"C++ compiler {cxx!r} not found (set CXX)")
+    return cxx
+
+
+def _cache_dir() -> pathlib.Path:
+    root = os.environ.get("LYNX_ASCEND_C_CACHE")
+    return pathlib.Path(root) if root else pathlib.Path.home() / ".cache" / "lynx_npu" / "ascend_c_host"
+
+
+def _library_path(buffer_num: int) -> tuple[pathlib.Path, list[str]]:
+    cxx = _compiler()
+    h = hashlib.sha256()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    for part in [cxx, version, *_FLAGS, str(buffer_num)]:
+        h.update(part.encode())
+    for src in _sources():
+        h.update(src.name.encode())
+        h.update(src.read_bytes())
+    out = _cache_dir() / h.hexdigest()[:16] / f"liblynx_ascend_host_b{buffer_num}.so"
+    cmd = [cxx, *_FLAGS, f"-DLYNX_BUFFER_NUM={buffer_num}", f"-I{ASCEND_C_DIR / 'host_emu'}",
+           f"-I{ASCEND_C_DIR / 'kernels'}", str(ASCEND_C_DIR / "host_emu" / "lynx_host_lib.cpp"),
+           str(ASCEND_C_DIR / "host" / "lynx_tiling_host.cpp")]
+    return out, cmd
+
+
+def _start_build(buffer_num: int) -> tuple[pathlib.Path, subprocess.Popen | None, str]:
+    out, cmd = _library_path(buffer_num)
+    if out.exists():
+        return out, None, ""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
+    os.close(fd)
+    proc = subprocess.Popen([*cmd, "-o", tmp], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return out, proc, tmp
+
+
+def _finish_build(out: pathlib.Path, proc: subprocess.Popen | None, tmp: str) -> None:
+    if proc is None:
+        return
+    log, _ = proc.communicate()
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        raise AscendCHostError(f"g++ host build of ascend_c failed:\n{log}")
+    os.replace(tmp, out)  # atomic: a concurrent build of the same sources writes the same file
+
+
+_LIBS: dict[int, ctypes.CDLL] = {}
+_LOCK = threading.Lock()
+
+
+def build(buffer_nums: tuple[int, ...] = (2,)) -> None:
+    """Compiles the requested variants (in parallel) unless they are cached."""
+    with _LOCK:
+        jobs = [(n, *_start_build(n)) for n in buffer_nums if n not in _LIBS]
+        for n, out, proc, tmp in jobs:
+            _finish_build(out, proc, tmp)
+            _LIBS[n] = _load(out)
+
+
+def _load(path: pathlib.Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    u32, u64, vp, cp = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p
+    lib.lynx_host_buffer_num.restype = u32
+    lib.lynx_host_tiling_bytes.restype = u32
+    lib.lynx_host_tiling.argtypes = [u32] * 14 + [u64, u32, vp, cp, u32]
+    lib.lynx_host_tiling_summary.argtypes = [vp] + [ctypes.POINTER(u64)] * 2 + [ctypes.POINTER(u32)] * 4
+    lib.lynx_host_page_kind.argtypes = [vp, u32, ctypes.POINTER(u32), ctypes.POINTER(u32),
+                                        ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(u64)]
+    lib.lynx_host_compress.argtypes = [ctypes.c_int, u32, ctypes.c_int] + [vp] * 7 + [ctypes.POINTER(u32), cp, u32]
+    lib.lynx_host_decompress.argtypes = [ctypes.c_int, u32, ctypes.c_int] + [vp] * 8 + [ctypes.POINTER(u32), cp, u32]
+    return lib
+
+
+def library(buffer_num: int = 2) -> ctypes.CDLL:
+    """The compiled host library with ``BUFFER_NUM = buffer_num`` (1 or 2), built on first use."""
+    if buffer_num not in (1, 2):
+        raise ValueError(f"{buffer_num=} must be 1 or 2")
+    if buffer_num not in _LIBS:
+        build((buffer_num,))
+    return _LIBS[buffer_num]
+
+
+# -- tiling -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tiling:
+    """LynxTiling (ascend_c/kernels/lynx_tiling.h) as computed by the host tiling function."""
+
+    raw: ctypes.Array
+    anchor_nbytes: int
+    residual_nbytes: int
+    num_pages: int
+    num_work: int
+    ub_bytes: int
+    rows_per_block: int
+
+    def page_kind(self, kind: int, lib: ctypes.CDLL) -> dict:
+        """kind 0 = page 0, 1 = full pages, 2 = last page: tokens, sinks, section offsets, sizes."""
+        tok, sink = ctypes.c_uint32(), ctypes.c_uint32()
+        offs = (ctypes.c_uint64 * 10)()
+        a, r = ctypes.c_uint64(), ctypes.c_uint64()
+        lib.lynx_host_page_kind(self.raw, kind, tok, sink, offs, a, r)
+        return {"num_tokens": tok.value, "num_sink": sink.value, "offsets": list(offs),
+                "anchor_nbytes": a.value, "residual_nbytes": r.value}
+
+
+def make_tiling(cfg: LynxConfig, num_heads: int, num_tokens: int, head_dim: int, dtype: torch.dtype, *,
+                mode: int = _MODE_COMPRESS, use_residual: bool = True, block_size: int = 0,
+                slot_bytes: int = 8, num_slots: int = 0, buffer_num: int = 2) -> Tiling:
+    """Runs the C++ host tiling function; unsupported requests raise ValueError naming the value."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"{dtype=} unsupported by the Ascend C kernels: float16 or bfloat16 KV")
+    lib = library(buffer_num)
+    raw = (ctypes.c_uint8 * lib.lynx_host_tiling_bytes())()
+    err = ctypes.create_string_buffer(512)
+    rc = lib.lynx_host_tiling(num_heads, num_tokens, head_dim, 2, cfg.page_size, cfg.chunk_size,
+                              cfg.anchor_bits, _AXES[cfg.k_axis], _AXES[cfg.v_axis], cfg.num_sink_tokens, mode,
+                              int(use_residual), block_size, slot_bytes, num_slots, 0, raw, err, len(err))
+    if rc:
+        raise ValueError(f"Ascend C kernels cannot run this request: {err.value.decode()}")
+    a, r = ctypes.c_uint64(), ctypes.c_uint64()
+    pages, work, ub, rows = (ctypes.c_uint32() for _ in range(4))
+    lib.lynx_host_tiling_summary(raw, a, r, pages, work, ub, rows)
+    return Tiling(raw, a.value, r.value, pages.value, work.value, ub.value, rows.value)
+
+
+def kernel_tables(cfg: LynxConfig, which: str, kind: str) -> torch.Tensor:
+    """float32 [128]: lynx_tables thresholds padded with +inf, or levels padded with 1."""
+    alpha = cfg.alpha(which)
+    if kind == "thresholds":
+        t, fill = lynx_tables.thresholds(alpha, cfg.y_max), float("inf")
+    else:
+        t, fill = lynx_tables.levels(alpha, cfg.y_max), 1.0
+    return torch.cat([t, torch.full((TABLE_SIZE - t.numel(),), fill)]).contiguous()
+
+
+# -- ops --------------------------------------------------------------------------------------
+
+def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
+
+
+def _check(rc: int, err: ctypes.Array, what: str) -> None:
+    if rc:
+        raise AscendCHostError(f"{what}: {err.value.decode()}")
+
+
+def _config(config: LynxConfig | None) -> LynxConfig:
+    return config if config is not None else make_config()
+
+
+def compress(k: torch.Tensor, v: torch.Tensor, config: LynxConfig | None = None, *,
+             block_dim: int = DEFAULT_BLOCK_DIM, buffer_num: int = 2,
+             reverse_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [H, T, D] (float16 / bfloat16, CPU) -> (anchor, residual) uint8 byte streams,
+    byte-compatible with ``LynxCodec(config).encode(k, v)``."""
+    cfg = _config(config)
+    validate_kv(k, v)
+    h, t, d = k.shape
+    tiling = make_tiling(cfg, h, t, d, k.dtype, mode=_MODE_COMPRESS, buffer_num=buffer_num)
+    k, v = k.contiguous(), v.contiguous()
+    thr = [kernel_tables(cfg, w, "thresholds") for w in "kv"]
+    anchor = torch.zeros(tiling.anchor_nbytes, dtype=torch.uint8)
+    residual = torch.zeros(tiling.residual_nbytes, dtype=torch.uint8)
+    err = ctypes.create_string_buffer(1024)
+    peak = ctypes.c_uint32()
+    rc = library(buffer_num).lynx_host_compress(
+        _DTYPES[k.dtype], min(block_dim, tiling.num_work), int(reverse_blocks), _ptr(k), _ptr(v),
+        _ptr(thr[0]), _ptr(thr[1]), _ptr(anchor), _ptr(residual), tiling.raw, peak, err, len(err))
+    _check(rc, err, "Ascend C compress (host build)")
+    return anchor, residual
+
+
+def _stage_residual(stage: str, residual: torch.Tensor | None) -> torch.Tensor | None:
+    if stage not in ("anchor", "full"):
+        raise ValueError(f"{stage=} must be 'anchor' or 'full'")
+    if stage == "full" and residual is None:
+        raise ValueError("stage='full' needs the residual stream")
+    return residual if stage == "full" else None
+
+
+def _check_stream(name: str, buf: torch.Tensor | None, expected: int) -> None:
+    if buf is None:
+        return
+    if buf.dtype != torch.uint8 or buf.dim() != 1 or not buf.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous 1-D uint8 tensor, got {buf.dtype} {tuple(buf.shape)}")
+    if buf.numel() != expected:
+        raise ValueError(f"{name} has {buf.numel()} bytes; the layout needs {expected}")
+
+
+def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, shape: tuple[int, int, int],
+               dtype: torch.dtype, config: LynxConfig | None = None, *, stage: str = "full",
+               block_dim: int = DEFAULT_BLOCK_DIM, buffer_num: int = 2,
+               reverse_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(anchor, residual) streams -> K, V [H, T, D]; stage "anchor" ignores the residual."""
+    cfg = _config(config)
+    residual = _stage_residual(stage, residual)
+    h, t, d = shape
+    tiling = make_tiling(cfg, h, t, d, dtype, mode=_MODE_DECOMPRESS, use_residual=residual is not None,
+                         buffer_num=buffer_num)
+    _check_stream("anchor", anchor, tiling.anchor_nbytes)
+    _check_stream("residual", residual, tiling.residual_nbytes)
+    k_out = torch.empty((h, t, d), dtype=dtype)
+    v_out = torch.empty((h, t, d), dtype=dtype)
+    _run_decompress(cfg, tiling, anchor, residual, k_out, v_out, None, dtype, block_dim, buffer_num,
+                    reverse_blocks)
+    return k_out, v_out
+
+
+def decompress_paged(anchor: torch.Tensor, residual: torch.Tensor | None, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_tokens: int,
+                     config: LynxConfig | None = None, *, stage: str = "full",
+                     block_dim: int = DEFAULT_BLOCK_DIM, buffer_num: int = 2,
+                     reverse_blocks: bool = False) -> None:
+    """Decompresses one layer straight into vLLM-Ascend's paged caches, in place.
+
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_size] (contiguous); token t of
+    the layer goes to slot ``slot_mapping[t]`` (int32 or int64; negative slots are skipped).
+    """
+    cfg = _config(config)
+    residual = _stage_residual(stage, residual)
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.dim() != 4 or not c.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous [num_blocks, block_size, num_kv_heads, "
+                             f"head_size] tensor, got shape {tuple(c.shape)}")
+    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache "
+                         f"{tuple(v_cache.shape)} {v_cache.dtype} differ")
+    if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.dim() != 1:
+        raise ValueError(f"slot_mapping must be 1-D int32 or int64, got {slot_mapping.dtype} "
+                         f"{tuple(slot_mapping.shape)}")
+    if slot_mapping.numel() < num_tokens:
+        raise ValueError(f"slot_mapping has {slot_mapping.numel()} entries for {num_tokens=}")
+    nb, bs, h, d = k_cache.shape
+    tiling = make_tiling(cfg, h, num_tokens, d, k_cache.dtype, mode=_MODE_PAGED,
+                         use_residual=residual is not None, block_size=bs,
+                         slot_bytes=slot_mapping.element_size(), num_slots=nb * bs, buffer_num=buffer_num)
+    _check_stream("anchor", anchor, tiling.anchor_nbytes)
+    _check_stream("residual", residual, tiling.residual_nbytes)
+    _run_decompress(cfg, tiling, anchor, residual, k_cache, v_cache, slot_mapping.contiguous(),
+                    k_cache.dtype, block_dim, buffer_num, reverse_blocks)
+
+
+def _run_decompress(cfg, tiling, anchor, residual, k_out, v_out, slots, dtype, block_dim, buffer_num,
+                    reverse_blocks) -> None:
+    lv = [kernel_tables(cfg, w, "levels") for w in "kv"]
+    err = ctypes.create_string_buffer(1024)
+    peak = ctypes.c_uint32()
+    rc = library(buffer_num).lynx_host_decompress(
+        _DTYPES[dtype], min(block_dim, tiling.num_work), int(reverse_blocks), _ptr(anchor), _ptr(residual),
+        _ptr(lv[0]), _ptr(lv[1]), _ptr(k_out), _ptr(v_out), _ptr(slots), tiling.raw, peak, err, len(err))
+    _check(rc, err, "Ascend C decompress (host build)")
