@@ -26,7 +26,8 @@ Our contract encodes one layer per call, so the codec takes ``layer_index`` and 
 
 Differences from LMCache, all in its favour or neutral for size: LMCache codes each channel
 as its own arithmetic-coded stream (for GPU parallelism) and sends an int32 length for each,
-and stores ``bins + 1`` int16 CDF points per channel; here K and V of a chunk share one range
+and stores the largest layer's ``bins + 1`` int16 CDF points per channel (33 on every layer
+with the defaults); here K and V of a chunk share one range
 coded stream and the CDF is ``2 * MAX`` uint16 points (cachegen_coder.py). A zero token
 (max = 0) decodes to exact zeros instead of NaN.
 
