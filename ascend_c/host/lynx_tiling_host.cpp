@@ -58,7 +58,7 @@ void PageKind(const LynxTilingArgs& a, uint32_t tp, uint32_t ns, LynxPageKind& k
 // Chunk statistics one block of `rows` rows produces for one of K / V.
 uint32_t StatsPerBlock(uint32_t axis, uint32_t rows, uint32_t d, uint32_t c)
 {
-    return axis == LYNX_AXIS_CHANNEL ? CeilDiv(rows, c) * d : rows * (d / c);
+    return axis == LYNX_AXIS_CHANNEL ? CeilDiv(rows, c) * d : rows * CeilDiv(d, c);
 }
 
 void SizeBuffers(LynxTiling& t, uint32_t rows)
@@ -87,8 +87,10 @@ std::string Check(const LynxTilingArgs& a)
     if (a.chunkSize == 0 || a.chunkSize % 8) return s("chunk_size", a.chunkSize) + " must be a multiple of 8 (whole 32-byte float blocks)";
     for (uint32_t kv = 0; kv < 2; ++kv) {
         if (a.axis[kv] == LYNX_AXIS_TOKEN) {
-            if (a.chunkSize > 64) return s("chunk_size", a.chunkSize) + " must be <= 64 for a token-axis chunk (one vector repeat)";
-            if (a.headDim % a.chunkSize) return s("head_dim", a.headDim) + " must be a multiple of " + s("chunk_size", a.chunkSize) + " for a token-axis chunk";
+            // every row splits into equal chunks: D % C == 0, or one chunk of D values (D < C)
+            const uint32_t w = std::min(a.chunkSize, a.headDim);
+            if (a.headDim % w) return s("head_dim", a.headDim) + " must be a multiple of " + s("chunk_size", a.chunkSize) + " (or smaller) for a token-axis chunk";
+            if (w > 64) return s("chunk_size", a.chunkSize) + " must be <= 64 for a token-axis chunk (one vector repeat)";
         } else if (a.axis[kv] == LYNX_AXIS_CHANNEL) {
             if (a.pageSize % a.chunkSize) return s("page_size", a.pageSize) + " must be a multiple of " + s("chunk_size", a.chunkSize);
         } else {
@@ -151,6 +153,7 @@ std::string LynxComputeTiling(const LynxTilingArgs& a, LynxTiling& t)
     t.dtypeBytes = a.dtypeBytes;
     t.pageSize = a.pageSize;
     t.chunkSize = a.chunkSize;
+    t.tokenChunk = std::min(a.chunkSize, a.headDim);
     t.axis[0] = a.axis[0];
     t.axis[1] = a.axis[1];
     t.residualBits = 8 - a.anchorBits;

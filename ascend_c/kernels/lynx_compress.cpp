@@ -230,25 +230,26 @@ private:
             for (uint32_t k = 0; k < nch; ++k)
                 RowBroadcast(Op::DIV, x[k * c * d], x[k * c * d], sig[k * d], Min(c, rows - k * c), d);
         } else {
-            nstat = rows * (d / c);
+            const uint32_t tc = t_->tokenChunk;  // values per chunk
+            nstat = rows * (d / tc);
             AscendC::LocalTensor<float> spread = spreadBuf_.Get<float>();
-            const int32_t cBlocks = (int32_t)(c / BLOCK_FLOATS);
+            const int32_t cBlocks = (int32_t)(tc / BLOCK_FLOATS);
             for (uint32_t r0 = 0; r0 < nstat; r0 += REDUCE_STEP)
-                AscendC::WholeReduceSum(sum[r0], x[r0 * c], (int32_t)c, (int32_t)Min(REDUCE_STEP, nstat - r0), 1, 1,
+                AscendC::WholeReduceSum(sum[r0], x[r0 * tc], (int32_t)tc, (int32_t)Min(REDUCE_STEP, nstat - r0), 1, 1,
                                         cBlocks);
-            AscendC::Duplicate(cnt, (float)c, nstat);
+            AscendC::Duplicate(cnt, (float)tc, nstat);
             AscendC::Div(sum, sum, cnt, nstat);
             AscendC::Cast(stats, sum, AscendC::RoundMode::CAST_RINT, nstat);
             AscendC::Cast(mu, stats, AscendC::RoundMode::CAST_NONE, nstat);
-            ChunkBroadcast(Op::SUB, x, x, mu, spread, nstat, c);
+            ChunkBroadcast(Op::SUB, x, x, mu, spread, nstat, tc);
             AscendC::Abs(w, x, n);
             for (uint32_t r0 = 0; r0 < nstat; r0 += REDUCE_STEP)
-                AscendC::WholeReduceMax(sum[r0], w[r0 * c], (int32_t)c, (int32_t)Min(REDUCE_STEP, nstat - r0), 1, 1,
+                AscendC::WholeReduceMax(sum[r0], w[r0 * tc], (int32_t)tc, (int32_t)Min(REDUCE_STEP, nstat - r0), 1, 1,
                                         cBlocks, AscendC::ReduceOrder::ORDER_ONLY_VALUE);
             AscendC::Cast(stats[ms], sum, AscendC::RoundMode::CAST_RINT, nstat);
             AscendC::Cast(sig, stats[ms], AscendC::RoundMode::CAST_NONE, nstat);
             PositiveOrInf(sig, sigMaskBuf_.Get<uint8_t>(), LynxRoundUp(nstat, REPEAT_FLOATS));
-            ChunkBroadcast(Op::DIV, x, x, sig, spread, nstat, c);
+            ChunkBroadcast(Op::DIV, x, x, sig, spread, nstat, tc);
         }
         statsQueue_.EnQue(stats);
 
@@ -351,7 +352,7 @@ private:
 
         const uint64_t chunk0 = t_->axis[kv] == LYNX_AXIS_CHANNEL
                                     ? ((uint64_t)h * CeilDiv(tp, c) + r0 / c) * d
-                                    : ((uint64_t)h * tp + r0) * (d / c);
+                                    : ((uint64_t)h * tp + r0) * (d / t_->tokenChunk);
         AscendC::GlobalTensor<half> statsGm;
         statsGm.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(anchor_ + aBase + pk.offset[LYNX_K_STATS + kv]),
                                 2ull * pk.numChunks[kv]);

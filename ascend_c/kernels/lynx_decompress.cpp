@@ -163,8 +163,8 @@ private:
             resQueue_.EnQue(res);
         }
         const bool channel = t_->axis[kv] == LYNX_AXIS_CHANNEL;
-        const uint32_t nstat = channel ? CeilDiv(rows, c) * d : rows * (d / c);
-        const uint64_t chunk0 = channel ? ((uint64_t)h * CeilDiv(tp, c) + r0 / c) * d : ((uint64_t)h * tp + r0) * (d / c);
+        const uint32_t nstat = channel ? CeilDiv(rows, c) * d : rows * (d / t_->tokenChunk);
+        const uint64_t chunk0 = channel ? ((uint64_t)h * CeilDiv(tp, c) + r0 / c) * d : ((uint64_t)h * tp + r0) * (d / t_->tokenChunk);
         AscendC::GlobalTensor<half> statsGm;
         statsGm.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(anchor_ + aBase + pk.offset[LYNX_K_STATS + kv]),
                                 2ull * pk.numChunks[kv]);
@@ -207,8 +207,8 @@ private:
             }
         } else {
             AscendC::LocalTensor<float> spread = spreadBuf_.Get<float>();
-            ChunkBroadcast(Op::MUL, x, x, sig, spread, nstat, c);
-            ChunkBroadcast(Op::ADD, x, x, mu, spread, nstat, c);
+            ChunkBroadcast(Op::MUL, x, x, sig, spread, nstat, t_->tokenChunk);
+            ChunkBroadcast(Op::ADD, x, x, mu, spread, nstat, t_->tokenChunk);
         }
         RowBroadcast(Op::MUL, x, x, scaleBuf_.Get<float>(), rows, d);
         RowBroadcast(Op::ADD, x, x, gminBuf_.Get<float>(), rows, d);

@@ -102,7 +102,7 @@ struct LynxTiling {
     // paged output (decompress into vLLM-Ascend caches)
     uint32_t blockSize;      // tokens per cache block
     uint32_t slotBytes;      // 4 (int32) or 8 (int64) slot_mapping entries
-    uint32_t reserved;       // keeps the 64-bit fields 8-byte aligned
+    uint32_t tokenChunk;     // values per token-axis chunk: chunkSize, or headDim when smaller
     uint64_t numSlots;       // num_blocks * block_size: slots >= this are skipped
     // layout
     LynxPageKind kind[LYNX_NUM_KINDS];
