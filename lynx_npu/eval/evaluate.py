@@ -82,11 +82,11 @@ class CodecResult:
 
 
 def evaluate_codec(codec, refs: list[LayerRef], *, label: str | None = None,
-                   split_errors: bool = False, show_progress: bool = True) -> CodecResult:
+                   split_stages: tuple[str, ...] = ()) -> CodecResult:
     """Encode every layer with ``codec``, decode every stage, and measure the errors.
 
-    ``split_errors`` also measures attention vNMSE with only K or only V decoded (two more
-    attention passes per layer and stage).
+    For the stages in ``split_stages`` also measure attention vNMSE with only K or only V
+    decoded (two more attention passes per layer and stage).
     """
     label = label or codec.name
     results = {s: StageResult(s) for s in codec.stages}
@@ -106,7 +106,7 @@ def evaluate_codec(codec, refs: list[LayerRef], *, label: str | None = None,
                 res.per_layer_v_nmse.append(nmse(ref.v, v_hat))
                 res.per_layer_attn_vnmse.append(
                     attention_vnmse(ref.q, ref.k, ref.v, k_hat, v_hat, o=ref.o))
-                if split_errors:
+                if stage in split_stages:
                     res.per_layer_attn_vnmse_k_only.append(
                         attention_vnmse(ref.q, ref.k, ref.v, k_hat, ref.v, o=ref.o))
                     res.per_layer_attn_vnmse_v_only.append(

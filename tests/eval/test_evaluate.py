@@ -54,7 +54,7 @@ def _quiet():
 def test_known_errors_and_sizes_per_stage():
     refs = build_refs(_layers(), num_queries=16, kv_dtype=torch.float32)
     assert refs[0].q.shape == (HQ, 16, D) and refs[0].o.shape == (HQ, 16, D)
-    res = evaluate_codec(ScaledVCodec(), refs, split_errors=True)
+    res = evaluate_codec(ScaledVCodec(), refs, split_stages=("anchor",))
     anchor, full = (s.summary() for s in res.stages)
     assert anchor["stage"] == "anchor" and full["stage"] == "full"
     assert anchor["bits_per_value"] == pytest.approx(8 * 100 / (2 * H * T * D))
@@ -65,6 +65,7 @@ def test_known_errors_and_sizes_per_stage():
     assert anchor["attn_vnmse_v_only"] == pytest.approx(0.01, rel=1e-4)
     assert len(anchor["per_layer_attn_vnmse"]) == 3
     assert full["k_nmse"] == full["v_nmse"] == full["attn_vnmse"] == 0
+    assert "attn_vnmse_k_only" not in full
 
 
 def test_queries_are_clamped_to_the_sequence_and_reference_uses_the_cast_kv():
