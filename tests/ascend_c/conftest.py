@@ -1,0 +1,31 @@
+"""Fixtures for the Ascend C kernel tests (host g++ build; no NPU here).
+
+Every test in this directory carries the ``ascend_c`` marker, so ``pytest -m ascend_c`` selects
+exactly them. The marker is registered here too, in case the root configuration does not.
+"""
+import shutil
+
+import pytest
+
+ASCEND_C_MARKER = "ascend_c: Ascend C kernels through the host (g++) build of the Ascend C API subset"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", ASCEND_C_MARKER)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "tests/ascend_c/" in item.nodeid.replace("\\", "/"):
+            item.add_marker(pytest.mark.ascend_c)
+
+
+@pytest.fixture(scope="session")
+def host_build():
+    """Compiles both host-build variants (BUFFER_NUM = 2 and 1) once, in parallel."""
+    from lynx_npu.ops import ascend_c_host
+
+    if shutil.which("g++") is None:
+        pytest.skip("no C++ compiler (g++) to build the Ascend C kernels for the host")
+    ascend_c_host.build((2, 1))
+    return ascend_c_host

@@ -1,0 +1,98 @@
+"""Helpers for the kernel-vs-reference parity tests: inputs and a per-chunk view of the streams.
+
+Two kinds of input:
+- ``exact_kv``: integer-valued KV whose every page and channel spans exactly [lo, lo + 64 * 2^e].
+  Then every normalised value is a multiple of 1/64 and every chunk sum is exact in float32, in
+  any addition order, so kernel and reference must agree byte for byte.
+- ``random_kv``: Laplace K with outlier channels and an attention-sink-like first token,
+  Gaussian V. Chunk sums round, so the float16 mean can differ by one ulp where the kernel's
+  addition order differs from PyTorch's (see ascend_c/README.md, "Parity").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lynx_npu.codec.lynx_config import LynxConfig
+from lynx_npu.codec.lynx_layout import page_layout, page_spans
+from lynx_npu.codec.packing import unpack_bits
+
+
+def random_kv(h: int, t: int, d: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lap = torch.distributions.Laplace(0.0, 1.0)
+    torch.manual_seed(seed)
+    k = lap.sample((h, t, d)) * torch.linspace(0.2, 6, d)
+    k[:, 0] *= 20
+    v = torch.randn(h, t, d, generator=g) * 0.5
+    return k.to(dtype), v.to(dtype)
+
+
+def exact_kv(cfg: LynxConfig, h: int, t: int, d: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for which in range(2):
+        q = torch.randint(0, 65, (h, t, d), generator=g).float()
+        for s in page_spans(cfg, t):            # each page and channel spans [0, 64]
+            if s.num_tokens >= 2:
+                q[:, s.body_start] = 0.0
+                q[:, s.body_start + 1] = 64.0
+        e = float(2 ** (which - 1))             # K on a grid of 0.5, V of 1
+        out.append(((q - 32.0) * e).to(dtype))
+    return out[0], out[1]
+
+
+@dataclass
+class PageView:
+    """One page of one of K / V: its sections' bytes, per-value codes and per-value chunk ids."""
+
+    gamma: torch.Tensor       # raw bytes
+    sink: torch.Tensor        # raw bytes (empty without sinks)
+    mu: torch.Tensor          # float16 [chunks]
+    sigma: torch.Tensor       # float16 [chunks]
+    anchor: torch.Tensor      # int64 [H * Tp * D] signed codes
+    residual: torch.Tensor    # int64 [H * Tp * D] signed codes
+    chunk_of: torch.Tensor    # int64 [H * Tp * D]: index into mu / sigma
+
+
+def _chunk_ids(axis: str, h: int, tp: int, d: int, c: int) -> torch.Tensor:
+    hh, tt, dd = torch.meshgrid(torch.arange(h), torch.arange(tp), torch.arange(d), indexing="ij")
+    if axis == "channel":
+        ids = (hh * -(-tp // c) + tt // c) * d + dd
+    else:
+        ids = (hh * tp + tt) * -(-d // c) + dd // c
+    return ids.reshape(-1)
+
+
+def page_views(cfg: LynxConfig, anchor: torch.Tensor, residual: torch.Tensor, shape, dtype):
+    """Splits a layer's streams into [(page_span, {"k": PageView, "v": PageView})]."""
+    h, t, d = shape
+    out, a0, r0 = [], 0, 0
+    for s in page_spans(cfg, t):
+        lay = page_layout(cfg, h, d, dtype, s.num_tokens, s.num_sink)
+
+        def sec(buf, base, name):
+            x = lay.section(name)
+            return buf[base + x.offset: base + x.offset + x.nbytes]
+
+        views = {}
+        n = h * s.num_tokens * d
+        for w in "kv":
+            stats = sec(anchor, a0, f"{w}_stats").contiguous().view(torch.float16).view(2, -1)
+            views[w] = PageView(
+                gamma=sec(anchor, a0, f"{w}_gamma"),
+                sink=sec(anchor, a0, f"{w}_sink") if s.num_sink else anchor[:0],
+                mu=stats[0], sigma=stats[1],
+                anchor=unpack_bits(sec(anchor, a0, f"{w}_codes"), cfg.anchor_bits, n, signed=True),
+                residual=unpack_bits(sec(residual, r0, f"{w}_res"), cfg.residual_bits, n, signed=True),
+                chunk_of=_chunk_ids(cfg.axis(w), h, s.num_tokens, d, cfg.chunk_size))
+        out.append((s, views))
+        a0 += lay.anchor_nbytes
+        r0 += lay.residual_nbytes
+    return out
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float16 distance in units in the last place (both non-negative here)."""
+    return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
