@@ -28,7 +28,10 @@ class SenderConfig:
     host: str = LOOPBACK                 # the receiver's address
     num_connections: int = 1             # parallel TCP connections sharing one rate limit
     gbps: float | None = None            # emulated link rate for all bytes sent; None = no limit
-    burst_bytes: int = 64 << 10          # token-bucket depth: the most sent above the rate
+    burst_s: float = 0.004               # token-bucket depth in link time: absorbs the
+                                         # writer's scheduling jitter (a late write within it
+                                         # loses no link time); also the most sent at once
+                                         # after an idle period
     chunk_bytes: int = 64 << 10          # rate-limited writes are at most this large
     deadline_s: float = 60.0             # a request not fully acknowledged by then fails
     retransmit_s: float = 5.0            # resend a frame unacknowledged for this long
@@ -42,11 +45,18 @@ class SenderConfig:
         if not isinstance(self.num_connections, int) or not 1 <= self.num_connections <= 64:
             raise ValueError(f"{self.num_connections=} must be an int in [1, 64]")
         _positive("gbps", self.gbps, allow_none=True)
-        for name in ("deadline_s", "retransmit_s", "connect_timeout_s", "reconnect_backoff_s"):
+        for name in ("deadline_s", "retransmit_s", "connect_timeout_s", "reconnect_backoff_s",
+                     "burst_s"):
             _positive(name, getattr(self, name))
-        for name in ("burst_bytes", "chunk_bytes"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1024:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be an int >= 1024")
+        if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1024:
+            raise ValueError(f"{self.chunk_bytes=} must be an int >= 1024")
+
+    @property
+    def burst_bytes(self) -> int:
+        """Bucket depth in bytes: ``burst_s`` of link time, and at least one write."""
+        if self.gbps is None:
+            return self.chunk_bytes
+        return max(self.chunk_bytes, int(self.gbps * 1e9 / 8 * self.burst_s))
         _check_secret(self.secret)
 
 
