@@ -65,24 +65,40 @@ def _cache_dir() -> pathlib.Path:
     return pathlib.Path(root) if root else pathlib.Path.home() / ".cache" / "lynx_npu" / "ascend_c_host"
 
 
-def _library_path(buffer_num: int) -> tuple[pathlib.Path, list[str]]:
+def _target(name: str) -> tuple[pathlib.Path, list[str]]:
+    """Output path (keyed by a hash of compiler, flags and sources) and g++ command of a target:
+    "kernels1" / "kernels2" (the kernels with BUFFER_NUM = 1 / 2 on the emulated API) or
+    "schema" (torch.ops.lynx_ascend schema + Meta implementations, against this PyTorch)."""
     cxx = _compiler()
+    host = ASCEND_C_DIR / "host"
+    if name == "schema":
+        from torch.utils import cpp_extension
+
+        lib_dir = pathlib.Path(torch.__file__).parent / "lib"
+        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+        args = ["-std=c++17", "-O1", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{host}",
+                str(host / "lynx_op_schema.cpp"), str(host / "lynx_tiling_host.cpp"),
+                f"-L{lib_dir}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib_dir}"]
+        extra = torch.__version__
+    else:
+        buffer_num = int(name[-1])
+        args = [*_FLAGS, f"-DLYNX_BUFFER_NUM={buffer_num}", f"-I{ASCEND_C_DIR / 'host_emu'}",
+                f"-I{ASCEND_C_DIR / 'kernels'}", str(ASCEND_C_DIR / "host_emu" / "lynx_host_lib.cpp"),
+                str(host / "lynx_tiling_host.cpp")]
+        extra = ""
     h = hashlib.sha256()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    for part in [cxx, version, *_FLAGS, str(buffer_num)]:
+    for part in [cxx, version, extra, *args]:
         h.update(part.encode())
     for src in _sources():
         h.update(src.name.encode())
         h.update(src.read_bytes())
-    out = _cache_dir() / h.hexdigest()[:16] / f"liblynx_ascend_host_b{buffer_num}.so"
-    cmd = [cxx, *_FLAGS, f"-DLYNX_BUFFER_NUM={buffer_num}", f"-I{ASCEND_C_DIR / 'host_emu'}",
-           f"-I{ASCEND_C_DIR / 'kernels'}", str(ASCEND_C_DIR / "host_emu" / "lynx_host_lib.cpp"),
-           str(ASCEND_C_DIR / "host" / "lynx_tiling_host.cpp")]
-    return out, cmd
+    return _cache_dir() / h.hexdigest()[:16] / f"liblynx_ascend_{name}.so", [cxx, *args]
 
 
-def _start_build(buffer_num: int) -> tuple[pathlib.Path, subprocess.Popen | None, str]:
-    out, cmd = _library_path(buffer_num)
+def _start_build(name: str) -> tuple[pathlib.Path, subprocess.Popen | None, str]:
+    out, cmd = _target(name)
     if out.exists():
         return out, None, ""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -103,16 +119,30 @@ def _finish_build(out: pathlib.Path, proc: subprocess.Popen | None, tmp: str) ->
 
 
 _LIBS: dict[int, ctypes.CDLL] = {}
+_SCHEMA: list[pathlib.Path] = []
 _LOCK = threading.Lock()
 
 
-def build(buffer_nums: tuple[int, ...] = (2,)) -> None:
-    """Compiles the requested variants (in parallel) unless they are cached."""
+def build(buffer_nums: tuple[int, ...] = (2,), schema: bool = False) -> None:
+    """Compiles the requested kernel variants (and the op schema library) in parallel, unless cached."""
     with _LOCK:
-        jobs = [(n, *_start_build(n)) for n in buffer_nums if n not in _LIBS]
-        for n, out, proc, tmp in jobs:
+        names = [f"kernels{n}" for n in buffer_nums if n not in _LIBS]
+        if schema and not _SCHEMA:
+            names.append("schema")
+        jobs = [(name, *_start_build(name)) for name in names]
+        for name, out, proc, tmp in jobs:
             _finish_build(out, proc, tmp)
-            _LIBS[n] = _load(out)
+            if name == "schema":
+                torch.ops.load_library(str(out))
+                _SCHEMA.append(out)
+            else:
+                _LIBS[int(name[-1])] = _load(out)
+
+
+def load_op_schema() -> None:
+    """Registers torch.ops.lynx_ascend.{compress, decompress, decompress_paged} with their Meta
+    implementations (no NPU implementation: on a CPU tensor they raise NotImplementedError)."""
+    build((), schema=True)
 
 
 def _load(path: pathlib.Path) -> ctypes.CDLL:

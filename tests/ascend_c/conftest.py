@@ -22,10 +22,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def host_build():
-    """Compiles both host-build variants (BUFFER_NUM = 2 and 1) once, in parallel."""
+    """Compiles both kernel variants (BUFFER_NUM = 2 and 1) and the op schema library once, in parallel."""
     from lynx_npu.ops import ascend_c_host
 
     if shutil.which("g++") is None:
         pytest.skip("no C++ compiler (g++) to build the Ascend C kernels for the host")
-    ascend_c_host.build((2, 1))
+    ascend_c_host.build((2, 1), schema=True)
     return ascend_c_host

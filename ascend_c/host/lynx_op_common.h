@@ -1,0 +1,55 @@
+/*
+ * Helpers shared by the torch operator files of the Lynx kernels: codec arguments -> tiling.
+ * Needs only PyTorch (ATen), so the schema + Meta file builds without CANN.
+ */
+#ifndef LYNX_OP_COMMON_H
+#define LYNX_OP_COMMON_H
+
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "lynx_tiling_host.h"
+
+namespace lynx_ascend {
+
+inline LynxTilingArgs Args(int64_t h, int64_t t, int64_t d, int64_t pageSize, int64_t chunkSize,
+                           int64_t anchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink, uint32_t mode)
+{
+    TORCH_CHECK(h > 0 && t > 0 && d > 0 && h < (1 << 20) && t < (1ll << 31) && d < (1 << 16),
+                "lynx_ascend: bad layer shape [", h, ", ", t, ", ", d, "]");
+    TORCH_CHECK(pageSize > 0 && chunkSize > 0 && numSink >= 0 && anchorBits > 0,
+                "lynx_ascend: bad codec parameters page_size=", pageSize, " chunk_size=", chunkSize,
+                " anchor_bits=", anchorBits, " num_sink_tokens=", numSink);
+    LynxTilingArgs a;
+    a.numHeads = (uint32_t)h;
+    a.numTokens = (uint32_t)t;
+    a.headDim = (uint32_t)d;
+    a.dtypeBytes = 2;
+    a.pageSize = (uint32_t)pageSize;
+    a.chunkSize = (uint32_t)chunkSize;
+    a.anchorBits = (uint32_t)anchorBits;
+    a.axis[0] = (uint32_t)kAxis;
+    a.axis[1] = (uint32_t)vAxis;
+    a.numSinkTokens = (uint32_t)numSink;
+    a.mode = mode;
+    return a;
+}
+
+inline LynxTiling Tiling(const LynxTilingArgs& a)
+{
+    LynxTiling t;
+    const std::string err = LynxComputeTiling(a, t);
+    TORCH_CHECK(err.empty(), "lynx_ascend: ", err);
+    return t;
+}
+
+inline bool IsBf16(const at::ScalarType s)
+{
+    TORCH_CHECK(s == at::kHalf || s == at::kBFloat16, "lynx_ascend: KV must be float16 or bfloat16, got ", s);
+    return s == at::kBFloat16;
+}
+
+}  // namespace lynx_ascend
+
+#endif  // LYNX_OP_COMMON_H

@@ -1,0 +1,48 @@
+"""The NPU path: the CANN-built kernels behind torch_npu, against the reference codec.
+
+Runs only where torch_npu, an NPU and the built operator library (LYNX_ASCEND_OPS_LIB, see
+ascend_c/README.md) exist; everywhere else it is skipped with the reason. It has not run here.
+"""
+import os
+
+import pytest
+import torch
+
+from lynx_npu.codec.lynx import LynxCodec
+
+from .parity import random_kv
+
+torch_npu = pytest.importorskip("torch_npu", reason="torch_npu is not installed: no NPU path to test")
+
+
+@pytest.fixture(scope="module")
+def npu_ops():
+    if not torch.npu.is_available():
+        pytest.skip("torch_npu is installed but no NPU is visible")
+    lib = os.environ.get("LYNX_ASCEND_OPS_LIB")
+    if not lib or not os.path.exists(lib):
+        pytest.skip("LYNX_ASCEND_OPS_LIB does not point at the CANN build of liblynx_ascend_ops.so")
+    torch.ops.load_library(lib)
+    return torch.ops.lynx_ascend
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_npu_compress_and_decompress_match_the_reference(npu_ops, dtype):
+    from lynx_npu.ops.ascend_c_host import kernel_tables
+
+    codec = LynxCodec()
+    cfg = codec.config
+    k, v = random_kv(4, 1100, 128, dtype, seed=5)
+    ref = codec.encode(k, v)
+    axes = {"channel": 0, "token": 1}
+    args = (cfg.page_size, cfg.chunk_size, cfg.anchor_bits, axes[cfg.k_axis], axes[cfg.v_axis],
+            cfg.num_sink_tokens)
+    thr = [kernel_tables(cfg, w, "thresholds").npu() for w in "kv"]
+    lv = [kernel_tables(cfg, w, "levels").npu() for w in "kv"]
+    a, r = npu_ops.compress(k.npu(), v.npu(), *thr, *args)
+    mismatch = (a.cpu() != ref.anchor).float().mean().item()
+    assert mismatch < 1e-3  # same rule as the host-build test: only float16 means may differ
+    ko, vo = npu_ops.decompress(ref.anchor.npu(), ref.residual.npu(), *lv, 4, 1100, 128,
+                                dtype == torch.bfloat16, *args)
+    want_k, want_v = codec.decode(ref, "full")
+    assert torch.equal(ko.cpu(), want_k) and torch.equal(vo.cpu(), want_v)

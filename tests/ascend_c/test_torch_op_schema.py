@@ -1,0 +1,44 @@
+"""torch.ops.lynx_ascend: the operator schema and Meta implementations, built against the
+installed PyTorch (the NPU implementations need torch_npu + CANN and are not built here)."""
+import pytest
+import torch
+
+from lynx_npu.codec.lynx import LynxCodec
+
+from .parity import random_kv
+
+
+def _codec_args(cfg):
+    axes = {"channel": 0, "token": 1}
+    return (cfg.page_size, cfg.chunk_size, cfg.anchor_bits, axes[cfg.k_axis], axes[cfg.v_axis],
+            cfg.num_sink_tokens)
+
+
+@pytest.mark.parametrize("shape", [(2, 300, 64), (4, 3, 128), (1, 1000, 16)])
+def test_meta_shapes_match_the_reference_streams(host_build, shape):
+    host_build.load_op_schema()
+    codec = LynxCodec()
+    k, v = random_kv(*shape, torch.bfloat16)
+    enc = codec.encode(k, v)
+    meta = dict(device="meta")
+    thr = torch.empty(128, **meta)
+    a, r = torch.ops.lynx_ascend.compress(k.to(**meta), v.to(**meta), thr, thr, *_codec_args(codec.config))
+    assert (a.dtype, a.shape, r.shape) == (torch.uint8, enc.anchor.shape, enc.residual.shape)
+    ko, vo = torch.ops.lynx_ascend.decompress(a, r, thr, thr, *shape, True, *_codec_args(codec.config))
+    assert ko.shape == vo.shape == shape and ko.dtype == torch.bfloat16
+    cache = torch.empty(8, 128, shape[0], shape[2], dtype=torch.bfloat16, **meta)
+    torch.ops.lynx_ascend.decompress_paged(a, None, thr, thr, cache, cache.clone(),
+                                           torch.empty(shape[1], dtype=torch.int64, **meta), shape[1],
+                                           *_codec_args(codec.config))
+
+
+def test_schema_rejects_unsupported_requests_and_has_no_cpu_kernel(host_build):
+    host_build.load_op_schema()
+    args = _codec_args(LynxCodec().config)
+    x = torch.empty(2, 10, 24, dtype=torch.float16, device="meta")
+    thr = torch.empty(128, device="meta")
+    with pytest.raises(RuntimeError, match="head_dim=24"):
+        torch.ops.lynx_ascend.compress(x, x, thr, thr, *args)
+    k, v = random_kv(2, 10, 32, torch.float16)
+    with pytest.raises(NotImplementedError):
+        torch.ops.lynx_ascend.compress(k, v, torch.zeros(128), torch.zeros(128), *args)
