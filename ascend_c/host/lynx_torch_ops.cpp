@@ -11,7 +11,7 @@
 #include <cstring>
 #include <tuple>
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "acl/acl.h"
