@@ -338,3 +338,145 @@ def _run_decompress(cfg, tiling, anchor, residual, k_out, v_out, slots, dtype, b
         _DTYPES[dtype], min(block_dim, tiling.num_work), int(reverse_blocks), _ptr(anchor), _ptr(residual),
         _ptr(lv[0]), _ptr(lv[1]), _ptr(k_out), _ptr(v_out), _ptr(slots), tiling.raw, peak, err, len(err))
     _check(rc, err, "Ascend C decompress (host build)")
+
+
+# -- lynx_npu.ops backend adapter ---------------------------------------------------------------
+
+class AscendCBackend:
+    """A lynx_npu.ops backend (``supports`` / ``compress`` / ``decompress``, see
+    ops/torch_backend.py) over the Ascend C kernels. ``kernels`` is the NPU build
+    (torch.ops.lynx_ascend, NPU tensors) or the host build (this module, CPU tensors): the same
+    kernel sources behind the same calls, so the CPU tests of this adapter cover the NPU path's
+    Python side too."""
+
+    name = "ascend_c"
+
+    def __init__(self, kernels):
+        self._kernels = kernels
+
+    def supports(self, cfg: LynxConfig, num_kv_heads: int, head_dim: int, dtype) -> str | None:
+        # the largest page (sinks + a full body page) bounds the tiling's Unified Buffer plan
+        return self._kernels.check(cfg, num_kv_heads, cfg.num_sink_tokens + cfg.page_size, head_dim, dtype)
+
+    def compress(self, k: torch.Tensor, v: torch.Tensor, plan):
+        return self._kernels.compress(k, v, plan.config)
+
+    def decompress(self, anchor: torch.Tensor, residual: torch.Tensor | None, plan, dest) -> None:
+        from .dest import scatter_tokens
+
+        cfg = plan.config
+        if plan.token_offset:
+            # one page buffer on its own (a page after page 0): laid out exactly like a layer of
+            # that page's tokens without sinks
+            cfg = cfg.replace(num_sink_tokens=0)
+        h, t, d = plan.num_kv_heads, plan.num_tokens, plan.head_dim
+        stage = "anchor" if residual is None else "full"
+        if dest.slot_mapping is not None and _is_vllm_ascend_cache(dest, h, d):
+            self._kernels.decompress_paged(anchor, residual, dest.k.tensor, dest.v.tensor, dest.slot_mapping, t,
+                                           cfg, stage=stage)
+            return
+        k, v = self._kernels.decompress(anchor, residual, (h, t, d), plan.dtype, cfg, stage=stage)
+        scatter_tokens(dest, 0, k, v, h, d)
+
+
+def _is_vllm_ascend_cache(dest, num_kv_heads: int, head_dim: int) -> bool:
+    """True when K and V are vLLM-Ascend's separate dense [num_blocks, block_size, H, D] caches,
+    the layout the paged kernel writes."""
+    row = num_kv_heads * head_dim
+    for tgt in (dest.k, dest.v):
+        x = tgt.tensor
+        if x.dim() != 4 or not x.is_contiguous() or tuple(x.shape[1:]) != (dest.block_size, num_kv_heads, head_dim):
+            return False
+        if (tgt.offset, tgt.s_block, tgt.s_token, tgt.s_head, tgt.s_dim) != (0, dest.block_size * row, row,
+                                                                              head_dim, 1):
+            return False
+    return dest.k.tensor.data_ptr() != dest.v.tensor.data_ptr()
+
+
+class _HostKernels:
+    """The g++ host build (CPU tensors)."""
+
+    @staticmethod
+    def check(cfg, num_kv_heads, num_tokens, head_dim, dtype) -> str | None:
+        try:
+            make_tiling(cfg, num_kv_heads, num_tokens, head_dim, dtype)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    compress = staticmethod(compress)
+    decompress = staticmethod(decompress)
+    decompress_paged = staticmethod(decompress_paged)
+
+
+class _NpuKernels:
+    """The CANN build: torch.ops.lynx_ascend from liblynx_ascend_ops.so (ascend_c/README.md)."""
+
+    def __init__(self, library_path: str):
+        torch.ops.load_library(library_path)
+        self.ops = torch.ops.lynx_ascend
+        self._tables: dict = {}
+
+    @staticmethod
+    def _args(cfg: LynxConfig) -> tuple[int, ...]:
+        return (cfg.page_size, cfg.chunk_size, cfg.anchor_bits, _AXES[cfg.k_axis], _AXES[cfg.v_axis],
+                cfg.num_sink_tokens)
+
+    def _table_pair(self, cfg: LynxConfig, kind: str, device) -> list[torch.Tensor]:
+        key = (cfg.alpha_k, cfg.alpha_v, cfg.anchor_bits, kind, str(device))
+        if key not in self._tables:
+            self._tables[key] = [kernel_tables(cfg, w, kind).to(device) for w in "kv"]
+        return self._tables[key]
+
+    def check(self, cfg, num_kv_heads, num_tokens, head_dim, dtype) -> str | None:
+        if dtype not in _DTYPES:
+            return f"{dtype=} unsupported by the Ascend C kernels: float16 or bfloat16 KV"
+        x = torch.empty(num_kv_heads, num_tokens, head_dim, dtype=dtype, device="meta")
+        t = torch.empty(TABLE_SIZE, device="meta")
+        try:  # the Meta implementation runs the same host tiling as the NPU one
+            self.ops.compress(x, x, t, t, *self._args(cfg))
+        except RuntimeError as e:
+            return str(e)
+        return None
+
+    def compress(self, k, v, config):
+        thr = self._table_pair(config, "thresholds", k.device)
+        return self.ops.compress(k, v, *thr, *self._args(config))
+
+    def decompress(self, anchor, residual, shape, dtype, config, *, stage="full"):
+        lv = self._table_pair(config, "levels", anchor.device)
+        residual = _stage_residual(stage, residual)
+        return self.ops.decompress(anchor, residual, *lv, *shape, dtype == torch.bfloat16, *self._args(config))
+
+    def decompress_paged(self, anchor, residual, k_cache, v_cache, slot_mapping, num_tokens, config, *,
+                         stage="full"):
+        lv = self._table_pair(config, "levels", anchor.device)
+        residual = _stage_residual(stage, residual)
+        self.ops.decompress_paged(anchor, residual, *lv, k_cache, v_cache, slot_mapping, num_tokens,
+                                  *self._args(config))
+
+
+def host_backend() -> AscendCBackend:
+    """The kernels' g++ host build as an ops backend for CPU tensors (slow; for tests)."""
+    return AscendCBackend(_HostKernels())
+
+
+def npu_backend() -> AscendCBackend:
+    """The CANN-built kernels as the ``ascend_c`` ops backend for NPU tensors.
+
+    Raises BackendUnavailable (with the reason) without torch_npu or without the built operator
+    library: ``$LYNX_ASCEND_OPS_LIB``, else ``ascend_c/out/liblynx_ascend_ops.so``.
+    """
+    import importlib.util
+
+    from .backends import BackendUnavailable
+
+    if importlib.util.find_spec("torch_npu") is None:
+        raise BackendUnavailable("torch_npu is not installed (no Ascend NPU stack on this host)")
+    lib = os.environ.get("LYNX_ASCEND_OPS_LIB") or str(ASCEND_C_DIR / "out" / "liblynx_ascend_ops.so")
+    if not os.path.exists(lib):
+        raise BackendUnavailable(f"the Ascend C Lynx op library {lib} is not built: run "
+                                 "ascend_c/build_npu.sh with CANN, or set LYNX_ASCEND_OPS_LIB")
+    import torch_npu  # noqa: F401  (registers the NPU device before the op library loads)
+
+    return AscendCBackend(_NpuKernels(lib))
