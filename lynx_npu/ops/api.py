@@ -1,0 +1,160 @@
+"""The Lynx op set: one function per operation, the same for every backend.
+
+    anchor, residual = compress(k, v, cfg)                      # k, v: [H, T, D]
+    k, v = decompress(anchor, None, cfg, (H, T, D), dtype)      # anchor stage
+    k, v = decompress(anchor, residual, cfg, (H, T, D), dtype)  # full stage
+    decompress_paged(anchor, residual, cfg, T, kv_cache, slot_mapping, "vllm_cpu")
+    k, v = decompress_page(a_page, r_page, cfg, t0, t1, num_kv_heads=H, head_dim=D, dtype=dt)
+
+``anchor`` / ``residual`` are uint8 buffers byte-identical to ``LynxCodec(cfg).encode(k, v)``:
+every page's buffer back to back (page plans: ops/plan.py). Pages are independent, so the
+transport can decompress each page as it lands (``decompress_page*``). The backend follows the
+tensors' device (ops/backends.py); pass ``backend=`` or set ``LYNX_BACKEND`` to force one.
+"""
+from __future__ import annotations
+
+import torch
+
+from lynx_npu.codec.lynx_config import LynxConfig
+
+from . import backends, dest as _dest
+from .kv_layouts import KVCacheLayout, resolve
+from .plan import LayerPlan, layer_plan, page_plan
+
+KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_config(config) -> LynxConfig:
+    if not isinstance(config, LynxConfig):
+        raise ValueError(f"config must be a LynxConfig, got {type(config).__name__}")
+    return config
+
+
+def _check_kv(k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise ValueError(f"{name} must be a [num_kv_heads, num_tokens, head_dim] tensor, got "
+                             f"{getattr(x, 'shape', type(x).__name__)}")
+        if x.dtype not in KV_DTYPES:
+            raise ValueError(f"{name} has dtype {x.dtype}; expected float16, bfloat16 or float32")
+        if min(x.shape) < 1:
+            raise ValueError(f"{name} has an empty axis: shape {tuple(x.shape)}")
+    if k.shape != v.shape or k.dtype != v.dtype or k.device != v.device:
+        raise ValueError(f"k and v must share shape, dtype and device: k {tuple(k.shape)} "
+                         f"{k.dtype} {k.device}, v {tuple(v.shape)} {v.dtype} {v.device}")
+
+
+def _check_stream(name: str, buf, nbytes: int, device) -> torch.Tensor:
+    if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D uint8 tensor, got "
+                         f"{getattr(buf, 'dtype', type(buf).__name__)} "
+                         f"{tuple(getattr(buf, 'shape', ()))}")
+    if buf.numel() != nbytes:
+        raise ValueError(f"{name} has {buf.numel()} bytes; the layout needs {nbytes}")
+    if buf.device != device:
+        raise ValueError(f"{name} is on {buf.device}, the other tensors on {device}")
+    # Typed views of the buffer (gamma, stats, sinks) need an aligned, dense start.
+    if not buf.is_contiguous() or buf.storage_offset() % 16:
+        buf = buf.clone()
+    return buf
+
+
+def compress(k: torch.Tensor, v: torch.Tensor, config: LynxConfig, *,
+             backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compress one layer. -> (anchor, residual) uint8 buffers on k's device."""
+    cfg = _check_config(config)
+    _check_kv(k, v)
+    h, t, d = k.shape
+    plan = layer_plan(cfg, h, t, d, k.dtype)
+    _, impl = backends.select(k.device, backend, cfg, h, d, k.dtype)
+    return impl.compress(k, v, plan)
+
+
+def _run_decompress(anchor, residual, plan: LayerPlan, dest, backend) -> None:
+    device = dest.device
+    anchor = _check_stream("anchor", anchor, plan.anchor_nbytes, device)
+    if residual is not None:
+        residual = _check_stream("residual", residual, plan.residual_nbytes, device)
+    _, impl = backends.select(device, backend, plan.config, plan.num_kv_heads, plan.head_dim,
+                              plan.dtype)
+    impl.decompress(anchor, residual, plan, dest)
+
+
+def _check_shape(shape) -> tuple[int, int, int]:
+    if len(shape) != 3 or min(int(s) for s in shape) < 1:
+        raise ValueError(f"shape must be [num_kv_heads, num_tokens, head_dim] > 0, got {shape}")
+    return tuple(int(s) for s in shape)
+
+
+def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, config: LynxConfig,
+               shape, dtype: torch.dtype, *, backend: str | None = None):
+    """Anchor-only (``residual=None``) or full decompression of one layer -> (k, v) [H, T, D]."""
+    cfg = _check_config(config)
+    h, t, d = _check_shape(shape)
+    if dtype not in KV_DTYPES:
+        raise ValueError(f"{dtype=} must be float16, bfloat16 or float32")
+    plan = layer_plan(cfg, h, t, d, dtype)
+    k = torch.empty(h, t, d, dtype=dtype, device=anchor.device)
+    v = torch.empty_like(k)
+    _run_decompress(anchor, residual, plan, _dest.dense(k, v), backend)
+    return k, v
+
+
+def _check_slots(slot_mapping, num_tokens: int, cache) -> torch.Tensor:
+    if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dim() != 1 \
+            or slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError("slot_mapping must be a 1-D int32/int64 tensor")
+    if slot_mapping.numel() != num_tokens:
+        raise ValueError(f"slot_mapping has {slot_mapping.numel()} entries for {num_tokens} tokens")
+    slots = slot_mapping.to(device=cache.k.tensor.device, dtype=torch.int64).contiguous()
+    top = cache.num_blocks * cache.block_size
+    if num_tokens and int(slots.max()) >= top:
+        raise ValueError(f"slot_mapping holds slot {int(slots.max())}; the cache has {top} slots")
+    return slots
+
+
+def decompress_paged(anchor: torch.Tensor, residual: torch.Tensor | None, config: LynxConfig,
+                     num_tokens: int, kv_caches, slot_mapping: torch.Tensor,
+                     layout: str | KVCacheLayout, *, backend: str | None = None) -> None:
+    """Decompress one layer straight into a paged KV cache: token t -> slot_mapping[t].
+
+    ``kv_caches`` is one tensor or (k_cache, v_cache), as ``layout`` (ops/kv_layouts.py)
+    describes; the stream's dtype is the cache's.
+    """
+    cfg = _check_config(config)
+    cache = resolve(layout, kv_caches)
+    plan = layer_plan(cfg, cache.num_kv_heads, int(num_tokens), cache.head_size, cache.dtype)
+    slots = _check_slots(slot_mapping, plan.num_tokens, cache)
+    _run_decompress(anchor, residual, plan, _dest.paged(cache, slots), backend)
+
+
+def decompress_page(anchor: torch.Tensor, residual: torch.Tensor | None, config: LynxConfig,
+                    token_start: int, token_end: int, *, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype, backend: str | None = None):
+    """One page buffer (tokens [token_start, token_end) of the layer) -> (k, v) [H, n, D]."""
+    cfg = _check_config(config)
+    plan = page_plan(cfg, num_kv_heads, head_dim, dtype, token_start, token_end)
+    k = torch.empty(num_kv_heads, plan.num_tokens, head_dim, dtype=dtype, device=anchor.device)
+    v = torch.empty_like(k)
+    _run_decompress(anchor, residual, plan, _dest.dense(k, v), backend)
+    return k, v
+
+
+def decompress_page_paged(anchor: torch.Tensor, residual: torch.Tensor | None,
+                          config: LynxConfig, token_start: int, token_end: int, kv_caches,
+                          slot_mapping: torch.Tensor, layout: str | KVCacheLayout, *,
+                          backend: str | None = None) -> None:
+    """One page buffer straight into a paged cache; ``slot_mapping`` covers the page's tokens."""
+    cfg = _check_config(config)
+    cache = resolve(layout, kv_caches)
+    plan = page_plan(cfg, cache.num_kv_heads, cache.head_size, cache.dtype, token_start,
+                     token_end)
+    slots = _check_slots(slot_mapping, plan.num_tokens, cache)
+    _run_decompress(anchor, residual, plan, _dest.paged(cache, slots), backend)
+
+
+def backend_for(device, config: LynxConfig, num_kv_heads: int, head_dim: int, dtype,
+                backend: str | None = None) -> str:
+    """The backend name the ops would use for these tensors (raises like the ops do)."""
+    return backends.select(torch.device(device), backend, config, num_kv_heads, head_dim,
+                           dtype)[0]

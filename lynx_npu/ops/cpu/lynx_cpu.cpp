@@ -1,0 +1,755 @@
+// Lynx compress / decompress for CPUs: the same bytes as lynx_npu/codec/lynx_ref.py.
+//
+// Built on first use by lynx_npu/ops/cpu_backend.py (g++ -O3 -march=native -ffp-contract=off
+// -fopenmp) and called through ctypes; no torch headers, so it builds in seconds.
+// Arithmetic is the reference's float32 sequence (lynx_ref.py docstring) with no FMA
+// contraction; IEEE division; f16/bf16 conversions round to nearest even. The chunk mean sums
+// in a fixed pairwise tree (zero-pad the chunk to a power of two, then fold: s[i] += s[i + n/2])
+// that the Triton kernels share, so the compiled backends agree bit for bit.
+// Codes: bucket lookup + threshold probes (lynx_npu/ops/tables.py), exact.
+// Work items: compress = (page, K|V) so each item writes one contiguous byte range;
+// decompress = (page, K|V, head).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// Plan row fields: keep in step with lynx_npu/ops/plan.py (checked at load by lynx_cpu_abi).
+constexpr int F_TOKEN0 = 0, F_BODY0 = 1, F_NUM_BODY = 2, F_NUM_SINK = 3, F_SECTION = 4;
+constexpr int F_CODES = F_SECTION, F_GAMMA = F_SECTION + 2, F_STATS = F_SECTION + 4,
+              F_SINK = F_SECTION + 6, F_RES = F_SECTION + 8;
+constexpr int F_PADS = F_SECTION + 10, NUM_PADS = 8, NUM_FIELDS = F_PADS + 2 * NUM_PADS;
+constexpr uint32_t ONE_BITS = 0x3F800000u;
+
+struct Table {
+  const float* thresholds;  // [128 + 2], +inf padded
+  const float* levels;      // [128]
+  const int32_t* bucket;
+  int64_t shift, key_lo, num_probes, token_axis;
+};
+
+struct Params {
+  int64_t num_heads, head_dim, chunk, anchor_bits, residual_bits, bias, y_max, dtype,
+      num_threads;
+  Table t[2];
+};
+
+struct Dest {  // see lynx_npu/ops/dest.py
+  void* base[2];
+  int64_t offset[2], s_block[2], s_token[2], s_head[2], s_dim[2];
+  int64_t block_size;
+  const int64_t* slots;  // nullptr: slot = token
+};
+
+inline uint32_t fbits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float bitsf(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+
+inline uint16_t f32_to_f16(float ff) {  // round to nearest even, subnormals, inf/nan
+#if defined(__F16C__)
+  return (uint16_t)_cvtss_sh(ff, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  const uint32_t f32infty = 255u << 23, f16max = (127u + 16u) << 23;
+  const uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  uint32_t f = fbits(ff);
+  const uint32_t sign = f & 0x80000000u;
+  f ^= sign;
+  uint16_t o;
+  if (f >= f16max) {
+    o = (f > f32infty) ? 0x7e00 : 0x7c00;
+  } else if (f < (113u << 23)) {
+    o = (uint16_t)(fbits(bitsf(f) + bitsf(denorm_magic)) - denorm_magic);
+  } else {
+    const uint32_t mant_odd = (f >> 13) & 1u;
+    f += ((uint32_t)(15 - 127) << 23) + 0xfffu;
+    f += mant_odd;
+    o = (uint16_t)(f >> 13);
+  }
+  return (uint16_t)(o | (sign >> 16));
+#endif
+}
+
+inline float f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
+  if (em >= 0x7c00u) return bitsf(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
+  if (em >= 0x400u) return bitsf(sign | ((em << 13) + ((127u - 15u) << 23)));
+  return bitsf(sign | fbits((float)em * 5.9604644775390625e-08f));  // em * 2^-24, exact
+#endif
+}
+
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = fbits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+struct F16 {
+  using raw = uint16_t;
+  static inline float load(raw r) { return f16_to_f32(r); }
+  static inline raw store(float f) { return f32_to_f16(f); }
+};
+struct BF16 {
+  using raw = uint16_t;
+  static inline float load(raw r) { return bitsf((uint32_t)r << 16); }
+  static inline raw store(float f) { return f32_to_bf16(f); }
+};
+struct F32 {
+  using raw = float;
+  static inline float load(raw r) { return r; }
+  static inline raw store(float f) { return f; }
+};
+
+inline float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+
+// ---- bit packing (lynx_npu/codec/packing.py: LSB-first little-endian bit stream) -----------
+void pack(const int8_t* c, int64_t n, int bits, uint8_t* out, int64_t bit_off) {
+  out += bit_off >> 3;
+  int nb = (int)(bit_off & 7);
+  const uint32_t mask = (1u << bits) - 1u;
+  uint64_t acc = nb ? (out[0] & ((1u << nb) - 1u)) : 0;
+  int64_t i = 0;
+  if (nb == 0) {
+    if (bits == 4) {
+      const int64_t pairs = n / 2;
+      for (int64_t j = 0; j < pairs; ++j) {
+        uint16_t w;
+        std::memcpy(&w, c + 2 * j, 2);
+        out[j] = (uint8_t)((w & 15u) | ((w >> 4) & 0xF0u));
+      }
+      i = 2 * pairs;
+      out += pairs;
+    } else if (bits == 2) {
+      const int64_t quads = n / 4;
+      for (int64_t j = 0; j < quads; ++j)
+        out[j] = (uint8_t)((c[4 * j] & 3) | ((c[4 * j + 1] & 3) << 2) | ((c[4 * j + 2] & 3) << 4) |
+                           ((c[4 * j + 3] & 3) << 6));
+      i = 4 * quads;
+      out += quads;
+    } else {
+      for (; i + 8 <= n; i += 8) {
+        uint64_t w = 0;
+        for (int j = 0; j < 8; ++j) w |= (uint64_t)((uint32_t)c[i + j] & mask) << (j * bits);
+        std::memcpy(out, &w, bits);  // little-endian host
+        out += bits;
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    acc |= (uint64_t)((uint32_t)c[i] & mask) << nb;
+    nb += bits;
+    while (nb >= 8) {
+      *out++ = (uint8_t)(acc & 0xffu);
+      acc >>= 8;
+      nb -= 8;
+    }
+  }
+  if (nb > 0) *out = (uint8_t)(acc & 0xffu);  // partial last byte: high bits zero
+}
+
+void unpack(const uint8_t* in, int64_t bit_off, int64_t n, int bits, int32_t* out) {
+  const int32_t half = 1 << (bits - 1);
+  const uint32_t mask = (1u << bits) - 1u;
+  int64_t i = 0;
+  if ((bit_off & 7) == 0 && bits == 4) {
+    const uint8_t* p = in + (bit_off >> 3);
+    const int64_t pairs = n / 2;
+    for (int64_t j = 0; j < pairs; ++j) {
+      const int32_t byte = p[j];
+      out[2 * j] = ((byte & 15) ^ 8) - 8;
+      out[2 * j + 1] = ((byte >> 4) ^ 8) - 8;
+    }
+    i = 2 * pairs;
+  }
+  for (; i < n; ++i) {
+    const int64_t pos = bit_off + i * bits;
+    const uint8_t* p = in + (pos >> 3);
+    const int sh = (int)(pos & 7);
+    uint32_t w = p[0];
+    if (sh + bits > 8) w |= (uint32_t)p[1] << 8;
+    out[i] = ((int32_t)((w >> sh) & mask) ^ half) - half;
+  }
+}
+
+// Pairwise sum of v[0..n) zero-padded to np2 (a power of two >= n); scratch holds np2 floats.
+inline float tree_sum(const float* v, int64_t n, int64_t np2, float* scratch) {
+  if (np2 == 1) return v[0];
+#if defined(__AVX__)
+  if (n == np2 && np2 >= 8) {  // full chunk: fold to 8 lanes, then the same order in-register
+    __m256 acc[16];  // np2 <= 128 here; larger chunks take the generic path
+    if (np2 <= 128) {
+      int64_t k = np2 / 8;
+      for (int64_t i = 0; i < k; ++i) acc[i] = _mm256_loadu_ps(v + 8 * i);
+      for (k /= 2; k >= 1; k /= 2)
+        for (int64_t i = 0; i < k; ++i) acc[i] = _mm256_add_ps(acc[i], acc[i + k]);
+      __m128 a = _mm_add_ps(_mm256_castps256_ps128(acc[0]), _mm256_extractf128_ps(acc[0], 1));
+      a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+      a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+      return _mm_cvtss_f32(a);
+    }
+  }
+#endif
+  const int64_t half = np2 / 2;
+  for (int64_t i = 0; i < half; ++i)
+    scratch[i] = i + half < n ? v[i] + v[i + half] : (i < n ? v[i] : 0.0f);
+  for (int64_t len = half / 2; len >= 1; len /= 2)
+    for (int64_t i = 0; i < len; ++i) scratch[i] = scratch[i] + scratch[i + len];
+  return scratch[0];
+}
+
+// Centre v[0..n) on m in place; -> max |v - m| (max of non-negative float bits == float max,
+// and an integer max reduction vectorizes).
+inline float centre_absmax(float* __restrict v, int64_t n, float m) {
+  uint32_t best = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = v[i] - m;
+    v[i] = y;
+    uint32_t b;
+    std::memcpy(&b, &y, 4);
+    b &= 0x7fffffffu;
+    best = b > best ? b : best;
+  }
+  return bitsf(best);
+}
+
+inline void divide_or_zero(float* __restrict v, int64_t n, float s) {
+  if (s > 0.0f) {
+    for (int64_t i = 0; i < n; ++i) v[i] = v[i] / s;
+  } else {
+    for (int64_t i = 0; i < n; ++i) v[i] = 0.0f;
+  }
+}
+
+int64_t next_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+template <typename T>
+struct Scratch {
+  std::vector<float> buf, gmin, gmax, tree;
+  std::vector<int8_t> a, r;
+};
+
+#if defined(__AVX512F__)
+// AVX-512: the code count I = #{thresholds <= |x|} as a 7-step branchless binary search over the
+// 128 padded thresholds, each step's candidates held in registers (permutes, no gathers: on
+// these Xeons a gather costs more than the whole search).
+struct Search512 {
+  __m512 t64, t32, t16, t8, t4, t2a, t2b, t1a, t1b, t1c, t1d;
+  explicit Search512(const float* thr) {
+    alignas(64) float buf[11][16];
+    for (auto& row : buf)
+      for (auto& x : row) x = INFINITY;
+    auto cand = [&](int step, float* out, int count, int first) {
+      for (int k = 0; k < count; ++k) out[k] = thr[(k + first) * 2 * step + step - 1];
+    };
+    cand(64, buf[0], 1, 0);
+    cand(32, buf[1], 2, 0);
+    cand(16, buf[2], 4, 0);
+    cand(8, buf[3], 8, 0);
+    cand(4, buf[4], 16, 0);
+    cand(2, buf[5], 16, 0);
+    cand(2, buf[6], 16, 16);
+    for (int q = 0; q < 4; ++q) cand(1, buf[7 + q], 16, 16 * q);
+    __m512* dst[11] = {&t64, &t32, &t16, &t8, &t4, &t2a, &t2b, &t1a, &t1b, &t1c, &t1d};
+    for (int i = 0; i < 11; ++i) *dst[i] = _mm512_load_ps(buf[i]);
+    t64 = _mm512_set1_ps(thr[63]);  // the first step compares every lane with one threshold
+  }
+  static inline __m512i step(__m512i idx, __m512 cand, __m512 v, int inc) {
+    const __mmask16 m = _mm512_cmp_ps_mask(cand, v, _CMP_LE_OQ);
+    return _mm512_mask_add_epi32(idx, m, idx, _mm512_set1_epi32(inc));
+  }
+  inline __m512i count(__m512 v) const {
+    __m512i idx = _mm512_setzero_si512();
+    idx = step(idx, t64, v, 64);
+    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 6), t32), v, 32);
+    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 5), t16), v, 16);
+    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t8), v, 8);
+    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 3), t4), v, 4);
+    idx = step(idx, _mm512_permutex2var_ps(t2a, _mm512_srli_epi32(idx, 2), t2b), v, 2);
+    const __m512i k = _mm512_srli_epi32(idx, 1);
+    const __mmask16 top = _mm512_test_epi32_mask(k, _mm512_set1_epi32(32));
+    const __m512 c = _mm512_mask_blend_ps(top, _mm512_permutex2var_ps(t1a, k, t1b),
+                                          _mm512_permutex2var_ps(t1c, k, t1d));
+    return step(idx, c, v, 1);
+  }
+};
+
+// levels[code] for 16 codes in [0, 128): 4 two-register permutes + 3 blends.
+struct Levels512 {
+  __m512 l[8];
+  explicit Levels512(const float* lv) {
+    for (int i = 0; i < 8; ++i) l[i] = _mm512_loadu_ps(lv + 16 * i);
+  }
+  inline __m512 get(__m512i code) const {
+    const __mmask16 b5 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(32));
+    const __mmask16 b6 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(64));
+    const __m512 q0 = _mm512_permutex2var_ps(l[0], code, l[1]);
+    const __m512 q1 = _mm512_permutex2var_ps(l[2], code, l[3]);
+    const __m512 q2 = _mm512_permutex2var_ps(l[4], code, l[5]);
+    const __m512 q3 = _mm512_permutex2var_ps(l[6], code, l[7]);
+    return _mm512_mask_blend_ps(b6, _mm512_mask_blend_ps(b5, q0, q1),
+                                _mm512_mask_blend_ps(b5, q2, q3));
+  }
+};
+#endif
+
+// Codes of xf[0..n): anchor and residual (signed, not yet packed). Written so that GCC
+// vectorizes it (gathers from the int32 bucket table and the thresholds).
+void quantize_codes(const float* __restrict xf, int64_t n, const Table& tb, const Params& p,
+                    int8_t* __restrict a, int8_t* __restrict r) {
+  const int shift = (int)tb.shift, key_lo = (int)tb.key_lo, rb = (int)p.residual_bits;
+  const int bias = (int)p.bias;
+  const float* __restrict thr = tb.thresholds;
+  const int32_t* __restrict bucket = tb.bucket;
+  const int64_t probes = tb.num_probes;
+  int64_t i0 = 0;
+#if defined(__AVX512F__)
+  {
+    const Search512 search(thr);
+    const __m512i vbias = _mm512_set1_epi32(bias), ones = _mm512_set1_epi32(-1);
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    const __m128i sh = _mm_cvtsi32_si128(rb);
+    for (; i0 + 16 <= n; i0 += 16) {
+      const __m512 x = _mm512_loadu_ps(xf + i0);
+      const __m512i code = search.count(_mm512_and_ps(x, absmask));
+      const __m512i m = _mm512_sra_epi32(_mm512_add_epi32(code, vbias), sh);
+      const __m512i res = _mm512_sub_epi32(_mm512_sll_epi32(m, sh), code);
+      const __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a + i0),
+                       _mm512_cvtepi32_epi8(_mm512_mask_xor_epi32(m, neg, m, ones)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(r + i0), _mm512_cvtepi32_epi8(res));
+    }
+  }
+#endif
+  xf += i0;
+  a += i0;
+  r += i0;
+  n -= i0;
+  if (probes == 1) {  // the common case (ops/tables.py): a loop GCC can vectorize
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = xf[i];
+      const float av = std::fabs(x);
+      uint32_t b;
+      std::memcpy(&b, &av, 4);
+      b = b < ONE_BITS ? b : ONE_BITS;
+      int key = (int)(b >> shift) - key_lo;
+      key = key > 0 ? key : 0;
+      int code = bucket[key];
+      code += thr[code] <= av ? 1 : 0;
+      const int m = (code + bias) >> rb;
+      r[i] = (int8_t)((m << rb) - code);
+      a[i] = (int8_t)(m ^ (x < 0.0f ? -1 : 0));  // -m - 1 == ~m
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = xf[i];
+    const float av = std::fabs(x);
+    uint32_t b;
+    std::memcpy(&b, &av, 4);
+    b = b < ONE_BITS ? b : ONE_BITS;
+    int key = (int)(b >> shift) - key_lo;
+    key = key > 0 ? key : 0;
+    int code = bucket[key];
+    for (int64_t j = 0; j < probes; ++j) code += thr[code] <= av ? 1 : 0;
+    const int m = (code + bias) >> rb;
+    r[i] = (int8_t)((m << rb) - code);
+    a[i] = (int8_t)(m ^ (x < 0.0f ? -1 : 0));
+  }
+}
+
+// Normalise, chunk-centre and scale rows [r0, r0 + rows) of one head's page tile (in place),
+// writing the chunk statistics. buf rows are D floats; scale = gmax - gmin per channel.
+void chunk_rows(const Params& p, bool token_axis, float* buf, int64_t r0, int64_t rows,
+                int64_t tp, const float* gmin, const float* scale, uint16_t* mu16,
+                uint16_t* sg16, std::vector<float>& fold, std::vector<float>& colmax,
+                std::vector<float>& mu, std::vector<float>& sig) {
+  const int64_t D = p.head_dim, C = p.chunk, cp = next_pow2(C);
+  for (int64_t i = 0; i < rows; ++i) {
+    float* __restrict br = buf + (r0 + i) * D;
+    for (int64_t d = 0; d < D; ++d)
+      br[d] = scale[d] > 0.0f ? (br[d] - gmin[d]) / scale[d] : 0.0f;
+  }
+  if (!token_axis) {  // one chunk = these rows (C tokens of each channel): fold rows over d
+    const int64_t cnt = rows;
+    fold.resize(cp * D);
+    for (int64_t i = 0; i < cp / 2; ++i) {  // first level straight from buf
+      float* __restrict f = fold.data() + i * D;
+      const float* a0 = buf + (r0 + i) * D;
+      const float* a1 = buf + (r0 + i + cp / 2) * D;
+      if (i + cp / 2 < cnt)
+        for (int64_t d = 0; d < D; ++d) f[d] = a0[d] + a1[d];
+      else if (i < cnt)
+        std::memcpy(f, a0, D * sizeof(float));
+      else
+        std::memset(f, 0, D * sizeof(float));
+    }
+    if (cp == 1) std::memcpy(fold.data(), buf + r0 * D, D * sizeof(float));
+    for (int64_t len = cp / 4; len >= 1; len /= 2)
+      for (int64_t i = 0; i < len; ++i) {
+        float* __restrict a0 = fold.data() + i * D;
+        const float* __restrict a1 = fold.data() + (i + len) * D;
+        for (int64_t d = 0; d < D; ++d) a0[d] = a0[d] + a1[d];
+      }
+    const float fcnt = (float)cnt;
+    for (int64_t d = 0; d < D; ++d) {
+      const uint16_t hm = f32_to_f16(fold[d] / fcnt);
+      mu16[d] = hm;
+      mu[d] = f16_to_f32(hm);
+      colmax[d] = 0.0f;
+    }
+    for (int64_t i = 0; i < cnt; ++i) {
+      float* __restrict br = buf + (r0 + i) * D;
+      for (int64_t d = 0; d < D; ++d) {
+        br[d] = br[d] - mu[d];
+        colmax[d] = std::max(colmax[d], std::fabs(br[d]));
+      }
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      const uint16_t hs = f32_to_f16(colmax[d]);
+      sg16[d] = hs;
+      sig[d] = f16_to_f32(hs);
+    }
+    for (int64_t i = 0; i < cnt; ++i) {
+      float* __restrict br = buf + (r0 + i) * D;
+      for (int64_t d = 0; d < D; ++d) br[d] = sig[d] > 0.0f ? br[d] / sig[d] : 0.0f;
+    }
+  } else {  // chunks of C head_dim values of each token
+    const int64_t ncd = (D + C - 1) / C;
+    fold.resize(cp);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* br = buf + (r0 + i) * D;
+      for (int64_t c = 0; c < ncd; ++c) {
+        float* seg = br + c * C;
+        const int64_t cnt = std::min(C, D - c * C);
+        const uint16_t hm = f32_to_f16(tree_sum(seg, cnt, cp, fold.data()) / (float)cnt);
+        const uint16_t hs = f32_to_f16(centre_absmax(seg, cnt, f16_to_f32(hm)));
+        divide_or_zero(seg, cnt, f16_to_f32(hs));
+        mu16[i * ncd + c] = hm;
+        sg16[i * ncd + c] = hs;
+      }
+    }
+  }
+}
+
+template <typename Conv>
+void compress_item(const Params& p, int which, const int64_t* row, const typename Conv::raw* x,
+                   const int64_t* strides, uint8_t* anchor, uint8_t* residual,
+                   Scratch<Conv>& s) {
+  using raw = typename Conv::raw;
+  const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk;
+  const Table& tb = p.t[which];
+  const int64_t sh = strides[0], st = strides[1], sd = strides[2];
+  const int64_t tp = row[F_NUM_BODY], ns = row[F_NUM_SINK], body0 = row[F_BODY0];
+  if (ns) {
+    raw* sink = reinterpret_cast<raw*>(anchor + row[F_SINK + which]);
+    const int64_t t0 = row[F_TOKEN0];
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < ns; ++j)
+        for (int64_t d = 0; d < D; ++d) sink[(h * ns + j) * D + d] = x[h * sh + (t0 + j) * st + d * sd];
+  }
+  if (which == 0) {  // alignment padding of the page's sections (disjoint from V's sections)
+    for (int i = 0; i < NUM_PADS; ++i) {
+      const int64_t start = row[F_PADS + 2 * i], len = row[F_PADS + 2 * i + 1];
+      if (len) std::memset((i < NUM_PADS - 1 ? anchor : residual) + start, 0, (size_t)len);
+    }
+  }
+  if (tp == 0) return;
+  const bool token_axis = tb.token_axis != 0;
+  // Rows per block: one chunk of tokens (channel axis), or enough tokens to fill ~8 KB (token).
+  const int64_t block = token_axis ? std::max<int64_t>(1, 2048 / D) : C;
+  s.buf.resize(tp * D);
+  s.gmin.resize(D);
+  s.gmax.resize(D);
+  s.a.resize(block * D);
+  s.r.resize(block * D);
+  float* buf = s.buf.data();
+  float* gmin = s.gmin.data();
+  float* gmax = s.gmax.data();
+  const int64_t nct = (tp + C - 1) / C, ncd = (D + C - 1) / C;
+  const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
+  raw* gamma = reinterpret_cast<raw*>(anchor + row[F_GAMMA + which]);
+  uint16_t* stats = reinterpret_cast<uint16_t*>(anchor + row[F_STATS + which]);
+  uint8_t* codes = anchor + row[F_CODES + which];
+  uint8_t* res = residual + row[F_RES + which];
+  std::vector<float> colmax(D), mu(D), sig(D);
+  for (int64_t h = 0; h < H; ++h) {
+    // Pass 1: the only read of the input; page min / max per channel on the fly.
+    const raw* xh = x + h * sh + body0 * st;
+    for (int64_t d = 0; d < D; ++d) {
+      gmin[d] = INFINITY;
+      gmax[d] = -INFINITY;
+    }
+    for (int64_t t = 0; t < tp; ++t) {
+      const raw* xr = xh + t * st;
+      float* __restrict br = buf + t * D;
+      if (sd == 1)
+        for (int64_t d = 0; d < D; ++d) br[d] = Conv::load(xr[d]);
+      else
+        for (int64_t d = 0; d < D; ++d) br[d] = Conv::load(xr[d * sd]);
+      for (int64_t d = 0; d < D; ++d) {
+        gmin[d] = std::min(gmin[d], br[d]);
+        gmax[d] = std::max(gmax[d], br[d]);
+      }
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      gamma[h * D + d] = Conv::store(gmin[d]);  // exact: an input value
+      gamma[H * D + h * D + d] = Conv::store(gmax[d]);
+      gmax[d] = gmax[d] - gmin[d];  // now the scale
+    }
+    // Pass 2: per L1-sized block of rows: statistics, codes, packing.
+    for (int64_t r0 = 0; r0 < tp; r0 += block) {
+      const int64_t rows = std::min(block, tp - r0);
+      uint16_t* mu16 = token_axis ? stats + (h * tp + r0) * ncd : stats + (h * nct + r0 / C) * D;
+      chunk_rows(p, token_axis, buf, r0, rows, tp, gmin, gmax, mu16, mu16 + total_chunks,
+                 s.tree, colmax, mu, sig);
+      const int64_t n = rows * D, e0 = (h * tp + r0) * D;
+      quantize_codes(buf + r0 * D, n, tb, p, s.a.data(), s.r.data());
+      pack(s.a.data(), n, (int)p.anchor_bits, codes, e0 * p.anchor_bits);
+      pack(s.r.data(), n, (int)p.residual_bits, res, e0 * p.residual_bits);
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+template <typename Conv>
+inline void store16(typename Conv::raw* out, __m512 x);
+template <>
+inline void store16<F32>(float* out, __m512 x) { _mm512_storeu_ps(out, x); }
+template <>
+inline void store16<F16>(uint16_t* out, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+template <>
+inline void store16<BF16>(uint16_t* out, __m512 x) {  // round to nearest even (finite x)
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+}
+#endif
+
+// One row of D values: codes -> float32 (the reference's op order) -> the KV dtype.
+template <typename Conv>
+void decode_row(const int32_t* __restrict ia, const int32_t* __restrict ir,
+                const float* __restrict lv, int rb, int ymax, const float* __restrict sig,
+                const float* __restrict mu, const float* __restrict scale,
+                const float* __restrict gmin, typename Conv::raw* __restrict out, int64_t D) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  const Levels512 levels(lv);
+  const __m128i sh = _mm_cvtsi32_si128(rb);
+  const __m512i vmax = _mm512_set1_epi32(ymax), zero = _mm512_setzero_si512();
+  const __m512i sign = _mm512_set1_epi32((int32_t)0x80000000u);
+  for (; d + 16 <= D; d += 16) {
+    const __m512i a = _mm512_loadu_si512(ia + d);
+    const __m512i neg = _mm512_srai_epi32(a, 31);
+    const __m512i m = _mm512_xor_si512(a, neg);
+    __m512i code = _mm512_sub_epi32(_mm512_sll_epi32(m, sh), _mm512_loadu_si512(ir + d));
+    code = _mm512_min_epi32(_mm512_max_epi32(code, zero), vmax);
+    const __m512 xf = _mm512_castsi512_ps(_mm512_xor_si512(
+        _mm512_castps_si512(levels.get(code)), _mm512_and_si512(neg, sign)));
+    const __m512 xn = _mm512_add_ps(_mm512_mul_ps(xf, _mm512_loadu_ps(sig + d)),
+                                    _mm512_loadu_ps(mu + d));
+    const __m512 x = _mm512_add_ps(_mm512_mul_ps(xn, _mm512_loadu_ps(scale + d)),
+                                   _mm512_loadu_ps(gmin + d));
+    store16<Conv>(out + d, x);
+  }
+#endif
+  for (; d < D; ++d) {
+    const int32_t a = ia[d];
+    const int32_t neg = a >> 31;  // -1 for negative anchors
+    const int32_t m = a ^ neg;     // -a - 1 == ~a
+    int32_t code = (m << rb) - ir[d];
+    code = code < 0 ? 0 : (code > ymax ? ymax : code);
+    const float mag = lv[code];
+    uint32_t mb;
+    std::memcpy(&mb, &mag, 4);
+    mb ^= (uint32_t)neg & 0x80000000u;  // -mag, as torch.where(neg, -mag, mag)
+    float xf;
+    std::memcpy(&xf, &mb, 4);
+    const float xn = xf * sig[d] + mu[d];  // two roundings: no FMA (-ffp-contract=off)
+    out[d] = Conv::store(xn * scale[d] + gmin[d]);
+  }
+}
+
+template <typename Conv>
+void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
+                     const uint8_t* anchor, const uint8_t* residual, const Dest& dst,
+                     std::vector<int32_t>& ia, std::vector<int32_t>& ir) {
+  using raw = typename Conv::raw;
+  const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk;
+  const Table& tb = p.t[which];
+  const int64_t tp = row[F_NUM_BODY], ns = row[F_NUM_SINK], body0 = row[F_BODY0];
+  raw* out = reinterpret_cast<raw*>(dst.base[which]) + dst.offset[which] + h * dst.s_head[which];
+  const int64_t sb = dst.s_block[which], so = dst.s_token[which], sd = dst.s_dim[which];
+  const int64_t bs = dst.block_size;
+  auto where = [&](int64_t tok) -> int64_t {
+    const int64_t slot = dst.slots ? dst.slots[tok] : tok;
+    if (slot < 0) return -1;
+    return (slot / bs) * sb + (slot % bs) * so;
+  };
+  auto put = [&](int64_t at, const raw* src) {
+    raw* o = out + at;
+    if (sd == 1)
+      std::memcpy(o, src, D * sizeof(raw));
+    else
+      for (int64_t d = 0; d < D; ++d) o[d * sd] = src[d];
+  };
+  if (ns) {
+    const raw* sink = reinterpret_cast<const raw*>(anchor + row[F_SINK + which]);
+    for (int64_t j = 0; j < ns; ++j) {
+      const int64_t at = where(row[F_TOKEN0] + j);
+      if (at >= 0) put(at, sink + (h * ns + j) * D);
+    }
+  }
+  if (tp == 0) return;
+  const raw* gamma = reinterpret_cast<const raw*>(anchor + row[F_GAMMA + which]);
+  const uint16_t* stats = reinterpret_cast<const uint16_t*>(anchor + row[F_STATS + which]);
+  const bool token_axis = tb.token_axis != 0;
+  const int64_t nct = (tp + C - 1) / C, ncd = (D + C - 1) / C;
+  const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
+  const int rb = (int)p.residual_bits, ab = (int)p.anchor_bits, ymax = (int)p.y_max;
+  std::vector<float> gmin(D), scale(D), mu(D), sig(D);
+  std::vector<raw> row_out(D);
+  ia.resize(D);
+  ir.resize(D);
+  for (int64_t d = 0; d < D; ++d) {
+    gmin[d] = Conv::load(gamma[h * D + d]);
+    scale[d] = Conv::load(gamma[H * D + h * D + d]) - gmin[d];
+  }
+  int64_t chunk_row = -1;
+  for (int64_t t = 0; t < tp; ++t) {
+    const int64_t at = where(body0 + t);
+    if (at < 0) continue;
+    if (!token_axis) {
+      if (t / C != chunk_row) {
+        chunk_row = t / C;
+        const uint16_t* m16 = stats + (h * nct + chunk_row) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          mu[d] = f16_to_f32(m16[d]);
+          sig[d] = f16_to_f32(m16[d + total_chunks]);
+        }
+      }
+    } else {
+      const uint16_t* m16 = stats + (h * tp + t) * ncd;
+      for (int64_t c = 0; c < ncd; ++c) {
+        const float m = f16_to_f32(m16[c]), g = f16_to_f32(m16[c + total_chunks]);
+        for (int64_t d = c * C; d < std::min(D, (c + 1) * C); ++d) {
+          mu[d] = m;
+          sig[d] = g;
+        }
+      }
+    }
+    const int64_t e0 = (h * tp + t) * D;
+    unpack(anchor + row[F_CODES + which], e0 * ab, D, ab, ia.data());
+    if (residual)
+      unpack(residual + row[F_RES + which], e0 * rb, D, rb, ir.data());
+    else
+      std::fill(ir.begin(), ir.end(), 0);
+    decode_row<Conv>(ia.data(), ir.data(), tb.levels, rb, ymax, sig.data(), mu.data(),
+                     scale.data(), gmin.data(), row_out.data(), D);
+    put(at, row_out.data());
+  }
+}
+
+int threads(const Params& p) {
+#ifdef _OPENMP
+  return p.num_threads > 0 ? (int)p.num_threads : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+template <typename Conv>
+void compress_all(const Params& p, const void* k, const void* v, const int64_t* strides,
+                  uint8_t* anchor, uint8_t* residual, const int64_t* plan, int64_t num_pages) {
+  const int64_t items = num_pages * 2;
+#pragma omp parallel num_threads(threads(p))
+  {
+    Scratch<Conv> s;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int which = (int)(it & 1);
+      const auto* x = reinterpret_cast<const typename Conv::raw*>(which ? v : k);
+      compress_item<Conv>(p, which, plan + (it >> 1) * NUM_FIELDS, x, strides + 3 * which, anchor,
+                          residual, s);
+    }
+  }
+}
+
+template <typename Conv>
+void decompress_all(const Params& p, const uint8_t* anchor, const uint8_t* residual,
+                    const int64_t* plan, int64_t num_pages, const Dest& dst) {
+  const int64_t H = p.num_heads, items = num_pages * 2 * H;
+#pragma omp parallel num_threads(threads(p))
+  {
+    std::vector<int32_t> ia, ir;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t page = it / (2 * H), which = (it / H) & 1, h = it % H;
+      decompress_item<Conv>(p, (int)which, h, plan + page * NUM_FIELDS, anchor, residual, dst, ia,
+                            ir);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Layout constants the Python side checks before the first call.
+int64_t lynx_cpu_abi(int64_t what) {
+  switch (what) {
+    case 0: return 1;  // ABI version
+    case 1: return NUM_FIELDS;
+    case 2: return (int64_t)sizeof(Params);
+    case 3: return (int64_t)sizeof(Dest);
+    case 4:
+#ifdef _OPENMP
+      return 1;
+#else
+      return 0;
+#endif
+    default: return -1;
+  }
+}
+
+// dtype: 0 float16, 1 bfloat16, 2 float32. strides: k (head, token, dim), then v, in elements.
+int lynx_cpu_compress(const Params* p, const void* k, const void* v, const int64_t* strides,
+                      uint8_t* anchor, uint8_t* residual, const int64_t* plan, int64_t num_pages) {
+  switch (p->dtype) {
+    case 0: compress_all<F16>(*p, k, v, strides, anchor, residual, plan, num_pages); return 0;
+    case 1: compress_all<BF16>(*p, k, v, strides, anchor, residual, plan, num_pages); return 0;
+    case 2: compress_all<F32>(*p, k, v, strides, anchor, residual, plan, num_pages); return 0;
+    default: return 1;
+  }
+}
+
+int lynx_cpu_decompress(const Params* p, const uint8_t* anchor, const uint8_t* residual,
+                        const int64_t* plan, int64_t num_pages, const Dest* dst) {
+  switch (p->dtype) {
+    case 0: decompress_all<F16>(*p, anchor, residual, plan, num_pages, *dst); return 0;
+    case 1: decompress_all<BF16>(*p, anchor, residual, plan, num_pages, *dst); return 0;
+    case 2: decompress_all<F32>(*p, anchor, residual, plan, num_pages, *dst); return 0;
+    default: return 1;
+  }
+}
+
+}  // extern "C"

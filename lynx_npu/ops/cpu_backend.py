@@ -1,0 +1,200 @@
+"""The ``cpu`` backend: lynx_npu/ops/cpu/lynx_cpu.cpp, JIT-built and called through ctypes.
+
+The kernel is plain C++17 + OpenMP with no torch headers: the first use compiles it with the
+system C++ compiler (``$CXX``, else ``g++``; ~3 s) into ``$LYNX_CACHE_DIR`` (default
+``~/.cache/lynx_npu``), keyed by a hash of the source, the flags, the compiler and the CPU, so
+later imports just load it. ``-march=native`` makes it fast on the machine that built it;
+``-ffp-contract=off`` keeps the reference's float32 rounding (no FMA). No build step ever
+installs anything (in particular never a torch). OpenMP comes from libgomp, which torch has
+already loaded, so both share one thread pool; the kernel uses ``torch.get_num_threads()``.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import torch
+
+from .backends import BackendUnavailable
+from .dest import Destination
+from .plan import NUM_FIELDS, LayerPlan
+from .tables import device_tables
+
+NAME = "cpu"
+SOURCE = pathlib.Path(__file__).with_name("cpu") / "lynx_cpu.cpp"
+_DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+_BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno"]
+_LOCK = threading.Lock()
+
+
+class _Table(ctypes.Structure):
+    _fields_ = [("thresholds", ctypes.c_void_p), ("levels", ctypes.c_void_p),
+                ("bucket", ctypes.c_void_p), ("shift", ctypes.c_int64),
+                ("key_lo", ctypes.c_int64), ("num_probes", ctypes.c_int64),
+                ("token_axis", ctypes.c_int64)]
+
+
+class _Params(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("num_heads", "head_dim", "chunk", "anchor_bits",
+                                              "residual_bits", "bias", "y_max", "dtype",
+                                              "num_threads")] + [("t", _Table * 2)]
+
+
+class _Dest(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p * 2)] + [
+        (n, ctypes.c_int64 * 2) for n in ("offset", "s_block", "s_token", "s_head", "s_dim")] + [
+        ("block_size", ctypes.c_int64), ("slots", ctypes.c_void_p)]
+
+
+def _cache_dir() -> pathlib.Path:
+    root = os.environ.get("LYNX_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lynx_npu")
+    return pathlib.Path(root)
+
+
+def _cpu_id() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return platform.machine() + flags
+
+
+def _extra_flags() -> list[str]:
+    """``$LYNX_CPU_CFLAGS``: extra compiler flags (e.g. -g for profiling)."""
+    return os.environ.get("LYNX_CPU_CFLAGS", "").split()
+
+
+def _compile(cxx: str, out: pathlib.Path) -> None:
+    last = ""
+    # Best first; each later set drops a flag some compilers lack.
+    for extra in (["-march=native", "-fopenmp"], ["-fopenmp"], ["-march=native"], []):
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            tmp_out = pathlib.Path(tmp) / out.name
+            cmd = [cxx, *_BASE_FLAGS, *_extra_flags(), *extra, str(SOURCE), "-o", str(tmp_out)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode == 0:
+                os.replace(tmp_out, out)  # atomic: concurrent builders never see half a file
+                return
+            last = proc.stderr[-2000:]
+    raise BackendUnavailable(f"could not compile {SOURCE.name} with {cxx}: {last}")
+
+
+def build() -> pathlib.Path:
+    """Compile the kernel if this source/compiler/CPU has no cached build; -> the .so path."""
+    cxx = os.environ.get("CXX") or "g++"
+    if shutil.which(cxx) is None:
+        raise BackendUnavailable(f"no C++ compiler ({cxx!r} not on PATH; set CXX)")
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(_BASE_FLAGS + _extra_flags()),
+                                    version,
+                                    _cpu_id()]).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"lynx_cpu-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _compile(cxx, out)
+    return out
+
+
+_LIB = None
+
+
+def _lib():
+    global _LIB
+    with _LOCK:
+        if _LIB is None:
+            lib = ctypes.CDLL(str(build()))
+            lib.lynx_cpu_abi.restype = ctypes.c_int64
+            lib.lynx_cpu_abi.argtypes = [ctypes.c_int64]
+            want = {0: 1, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
+            for what, value in want.items():
+                got = lib.lynx_cpu_abi(what)
+                if got != value:
+                    raise BackendUnavailable(f"lynx_cpu ABI mismatch (field {what}: {got} != {value})")
+            for fn in (lib.lynx_cpu_compress, lib.lynx_cpu_decompress):
+                fn.restype = ctypes.c_int
+            _LIB = lib
+    return _LIB
+
+
+def load():
+    _lib()
+    import sys
+    return sys.modules[__name__]
+
+
+def openmp() -> bool:
+    return bool(_lib().lynx_cpu_abi(4))
+
+
+def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:
+    if dtype not in _DTYPE_CODE:
+        return f"dtype {dtype} (float16, bfloat16, float32 only)"
+    return None
+
+
+def _params(cfg, plan: LayerPlan, keep: list) -> _Params:
+    tabs = device_tables(cfg, torch.device("cpu"))
+    if "bucket32" not in tabs:  # the vectorized lookup gathers 32-bit entries
+        tabs["bucket32"] = tabs["bucket"].to(torch.int32)
+    keep.append(tabs)
+    p = _Params(plan.num_kv_heads, plan.head_dim, cfg.chunk_size, cfg.anchor_bits,
+                cfg.residual_bits, cfg.bias, cfg.y_max, _DTYPE_CODE[plan.dtype],
+                torch.get_num_threads())
+    for i, which in enumerate("kv"):
+        t = tabs[which]
+        p.t[i] = _Table(tabs["thresholds"][i].data_ptr(), tabs["levels"][i].data_ptr(),
+                        tabs["bucket32"][i].data_ptr(), t.shift, t.key_lo, t.num_probes,
+                        int(cfg.axis(which) == "token"))
+    return p
+
+
+def _check_cpu(*tensors) -> None:
+    for t in tensors:
+        if t is not None and t.device.type != "cpu":
+            raise ValueError(f"the cpu backend got a tensor on {t.device}")
+
+
+def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan):
+    _check_cpu(k, v)
+    keep: list = []
+    anchor = torch.empty(plan.anchor_nbytes, dtype=torch.uint8)
+    residual = torch.empty(plan.residual_nbytes, dtype=torch.uint8)
+    strides = (ctypes.c_int64 * 6)(*k.stride(), *v.stride())
+    table = plan.on("cpu")
+    rc = _lib().lynx_cpu_compress(
+        ctypes.byref(_params(plan.config, plan, keep)), ctypes.c_void_p(k.data_ptr()),
+        ctypes.c_void_p(v.data_ptr()), strides, ctypes.c_void_p(anchor.data_ptr()),
+        ctypes.c_void_p(residual.data_ptr()), ctypes.c_void_p(table.data_ptr()),
+        ctypes.c_int64(plan.num_pages))
+    if rc:
+        raise RuntimeError(f"lynx_cpu_compress failed ({rc})")
+    return anchor, residual
+
+
+def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerPlan,
+               dest: Destination) -> None:
+    _check_cpu(anchor, residual, dest.k.tensor, dest.v.tensor)
+    keep: list = []
+    d = _Dest()
+    for i, t in enumerate((dest.k, dest.v)):
+        d.base[i] = t.tensor.data_ptr()
+        d.offset[i], d.s_block[i], d.s_token[i] = t.offset, t.s_block, t.s_token
+        d.s_head[i], d.s_dim[i] = t.s_head, t.s_dim
+    d.block_size = dest.block_size
+    d.slots = dest.slot_mapping.data_ptr() if dest.slot_mapping is not None else None
+    table = plan.on("cpu")
+    rc = _lib().lynx_cpu_decompress(
+        ctypes.byref(_params(plan.config, plan, keep)), ctypes.c_void_p(anchor.data_ptr()),
+        ctypes.c_void_p(residual.data_ptr() if residual is not None else None),
+        ctypes.c_void_p(table.data_ptr()), ctypes.c_int64(plan.num_pages), ctypes.byref(d))
+    if rc:
+        raise RuntimeError(f"lynx_cpu_decompress failed ({rc})")

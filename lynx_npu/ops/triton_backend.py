@@ -1,0 +1,18 @@
+"""The ``triton`` backend: the fused kernels of ``gpu/`` (installed as lynx_npu.gpu) on CUDA."""
+from __future__ import annotations
+
+import importlib.util
+
+from .backends import BackendUnavailable
+
+NAME = "triton"
+
+
+def load():
+    if importlib.util.find_spec("triton") is None:
+        raise BackendUnavailable("triton is not installed (pip install 'lynx_npu[triton]')")
+    import torch
+    if not torch.cuda.is_available():
+        raise BackendUnavailable("no CUDA device (torch.cuda.is_available() is False)")
+    from lynx_npu.gpu import launch
+    return launch
