@@ -21,6 +21,7 @@ from lynx_npu.ops import ascend_c_host
 
 def _kv(h: int, t: int, d: int, dtype: torch.dtype, seed: int):
     g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # Laplace.sample draws from the global generator
     k = torch.distributions.Laplace(0.0, 1.0).sample((h, t, d)) * torch.linspace(0.2, 6, d)
     k[:, 0] *= 20
     v = torch.randn(h, t, d, generator=g) * 0.5
