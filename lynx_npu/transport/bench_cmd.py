@@ -12,6 +12,10 @@ starts and the receiver verifies (CRC), acknowledges and keeps frames without de
 that times the link. ``--encode-inline`` compresses on the sender's pipeline thread during the
 transfer and ``--dequantize`` dequantizes into a KV cache on arrival; on a CPU the reference
 codecs are far slower than a 1 Gbps link, so those two measure the codec, not the link.
+An untimed bf16 warm-up request of 1024 tokens goes first (a fresh connection and receiver
+heap run slower for their first megabytes), and both processes collect and freeze the garbage
+collector's heap before each timed transfer (a full collection of a process that imported
+torch pauses it ~0.1 s; DESIGN §5's rate-limited link would see that as a stall).
 
 JSON (``--json``): {"gbps", "tokens", "results": [{"codec", "anchor_bytes", "total_bytes",
 "anchor_ready_s", "complete_s", "achieved_gbps"}]}; for one-stream codecs anchor_ready_s is
@@ -20,12 +24,14 @@ the completion time. Progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing as mp
 import sys
 import time
 
 SMOLLM2 = {"layers": 30, "kv_heads": 3, "head_dim": 64}
+WARMUP_TOKENS = 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,13 +74,23 @@ def _make_layers(num_layers: int, num_tokens: int, heads: int, dim: int, seed: i
     return layers
 
 
+def _quiet_gc() -> None:
+    """Collect now and freeze what survives: a full cyclic GC over a process that imported
+    torch takes ~0.1 s, which would otherwise land in the middle of a timed transfer."""
+    gc.collect()
+    gc.freeze()
+
+
 def _receiver_main(cfg: dict, request_ids: list[int], timeout: float, out, stop) -> None:
     from lynx_npu.transport import Receiver, ReceiverConfig
 
     try:
         with Receiver(ReceiverConfig(**cfg)) as receiver:
             out.put(("port", receiver.port))
+            receiver.request(0, deadline_s=timeout).wait()  # the warm-up request
+            receiver.release(0)
             for rid in request_ids:
+                _quiet_gc()
                 handle = receiver.request(rid, deadline_s=timeout)
                 handle.residual_ready.wait()
                 arrivals = [(t, kind, layer, nbytes) for t, kind, layer, _, nbytes
@@ -97,17 +113,25 @@ def _sender_main(port: int, opts: dict, out) -> None:
         cfg = SenderConfig(port=port, gbps=opts["gbps"], num_connections=opts["connections"],
                            deadline_s=opts["timeout"])
         with Sender(cfg) as sender:
+            # Warm-up (untimed, unreported): the first megabytes through a fresh connection
+            # and a fresh receiver heap run slower (buffer growth, page faults).
+            warm = lynx_npu.get_codec("bf16")
+            layers = _make_layers(opts["layers"], WARMUP_TOKENS, opts["kv_heads"],
+                                  opts["head_dim"], opts["seed"])
+            sender.send(0, warm, layers).wait()
             for rid, name in enumerate(opts["codecs"], start=1):
                 codec = lynx_npu.get_codec(name)
                 _log(f"{name}: making {opts['layers']} layers x {opts['tokens']} tokens of KV")
                 layers = _make_layers(opts["layers"], opts["tokens"], opts["kv_heads"],
                                       opts["head_dim"], opts["seed"])
+                _quiet_gc()
                 if opts["encode_inline"]:
                     t0 = time.monotonic()
                     handle = sender.send(rid, codec, layers)
                 else:
                     _log(f"{name}: compressing (before the clock starts)")
                     pages = [codec.encode_pages(k, v) for k, v in layers]
+                    _quiet_gc()
                     t0 = time.monotonic()
                     handle = sender.send_encoded(
                         rid, codec, pages, num_tokens=opts["tokens"],

@@ -33,8 +33,9 @@ def plot_timeline(report: dict, timelines: dict, path: str) -> None:
                 f"({r['total_bytes'] / 1e6:.0f} MB)")
         ax.axvline(r["anchor_ready_s"], color=color, ls="--", lw=1)
         ax.annotate(f"{r['codec']} {'anchor' if r['codec'] in progressive else 'ready'} "
-                    f"{r['anchor_ready_s']:.2f}s", (r["anchor_ready_s"], 0),
-                    xytext=(3, 4 + 11 * i), textcoords="offset points", fontsize=8, color=color)
+                    f"{r['anchor_ready_s']:.3f}s", (r["anchor_ready_s"], 0.04 + 0.07 * i),
+                    xycoords=ax.get_xaxis_transform(), xytext=(3, 0),
+                    textcoords="offset points", fontsize=8, color=color)
     ax.set_xlabel("seconds since the first send")
     ax.set_ylabel("MB received")
     ax.set_title(f"lynx bench transfer: {report['tokens']} tokens, {gbps:g} Gbps link "

@@ -3,7 +3,10 @@
 byte written (headers included).
 
 ``consume(n)`` returns once the n bytes would have finished crossing the link: the bucket keeps
-a virtual clock ``_t`` (when the link is next free); idle time earns at most ``burst_bytes``.
+a virtual clock ``_t`` (when the link is next free). A write that comes late (the writer was
+descheduled) may catch up by at most ``burst_bytes``, so scheduling jitter costs no link time;
+``mark_idle()`` (called when the send queue ran empty) forfeits that credit, so a transfer that
+starts on an idle link gets no free burst and its timing is honest from the first byte.
 """
 from __future__ import annotations
 
@@ -32,6 +35,11 @@ class TokenBucket:
             now = self._clock()
             self._t = max(self._t, now - self.burst_s) + nbytes / self.bytes_per_s
             return self._t
+
+    def mark_idle(self) -> None:
+        """The link had nothing to send: the time since it was last busy earns no credit."""
+        with self._lock:
+            self._t = max(self._t, self._clock())
 
     def consume(self, nbytes: int) -> None:
         done = self.reserve(nbytes)

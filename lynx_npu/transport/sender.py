@@ -141,9 +141,12 @@ class _Link:
                 conn, gen = self.conn, self.generation
             if conn is None:
                 continue
+            idle = len(s.queue) == 0
             item = s.queue.pop(timeout=0.1)
             if item is None:
                 continue
+            if idle and s.limiter is not None:
+                s.limiter.mark_idle()
             if not s._start_send(item, self.index, gen):
                 continue  # acknowledged or its request failed meanwhile
             try:

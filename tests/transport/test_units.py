@@ -33,7 +33,7 @@ def test_token_bucket_paces_bytes_at_the_link_rate():
     for _ in range(10):
         bucket.consume(1_000_000)
     # 10 MB at 1 GB/s: done 10 ms after start, less the one burst earned while idle
-    assert clock.now - start == pytest.approx(0.01 - 1e-6, abs=1e-9)
+    assert clock.now - start == pytest.approx(0.01 - 1e-6, abs=1e-12)
 
 
 def test_token_bucket_idle_time_earns_at_most_the_burst():
@@ -41,7 +41,19 @@ def test_token_bucket_idle_time_earns_at_most_the_burst():
     bucket = TokenBucket(gbps=8.0, burst_bytes=1000, clock=clock, sleep=clock.sleep)
     bucket.consume(1000)
     clock.now += 5.0  # a long idle period
-    assert bucket.reserve(2_000_000) == pytest.approx(clock.now + 0.002 - 1e-6)
+    assert bucket.reserve(2_000_000) == pytest.approx(clock.now + 0.002 - 1e-6, abs=1e-12)
+
+
+def test_token_bucket_idle_link_gives_no_free_burst():
+    clock = FakeClock()
+    bucket = TokenBucket(gbps=8.0, burst_bytes=10_000, clock=clock, sleep=clock.sleep)
+    start = clock.now
+    bucket.mark_idle()
+    assert bucket.reserve(1000) == pytest.approx(start + 1e-6, abs=1e-12)  # full cost
+    clock.now = start + 3e-6  # the writer comes back 2 us late: it may catch up
+    assert bucket.reserve(1000) == pytest.approx(start + 2e-6, abs=1e-12)
+    bucket.mark_idle()  # ... unless the queue ran empty meanwhile
+    assert bucket.reserve(1000) == pytest.approx(start + 4e-6, abs=1e-12)
 
 
 def test_token_bucket_rejects_bad_rate():
