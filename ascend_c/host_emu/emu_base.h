@@ -70,13 +70,6 @@ enum class RoundMode { CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, 
 enum class CMPMODE { LT, GT, EQ, LE, GE, NE };
 enum class SELMODE { VSEL_CMPMASK_SPR, VSEL_TENSOR_SCALAR_MODE, VSEL_TENSOR_TENSOR_MODE };
 enum class ReduceOrder { ORDER_VALUE_INDEX, ORDER_INDEX_VALUE, ORDER_ONLY_VALUE, ORDER_ONLY_INDEX };
-enum pipe_t { PIPE_S, PIPE_V, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
-
-// The emulation runs every pipe in program order, so barriers have nothing to wait for; the
-// queue hand-over checks (emu_pipe.h) enforce the synchronisation a real kernel needs.
-template <pipe_t pipe>
-inline void PipeBarrier() {}
-
 // Per-core state: which block this is and its private Unified Buffer.
 struct EmuCore {
     uint32_t blockIdx = 0;

@@ -1,8 +1,8 @@
 /*
  * Host emulation: DataCopy and DataCopyPad (MTE2: GM -> UB, MTE3: UB -> GM, V: UB -> UB).
  *
- * DataCopy moves whole 32-byte data blocks: the length (count * sizeof(T), or blockLen in
- * 32-byte units) must be a multiple of 32 bytes and the Unified Buffer address 32-byte aligned.
+ * DataCopy moves whole 32-byte data blocks: the length (count * sizeof(T)) must be a multiple of
+ * 32 bytes and the Unified Buffer address 32-byte aligned.
  * DataCopyPad moves byte-exact blocks: blockLen and the GM-side stride are in bytes, the UB-side
  * stride in 32-byte blocks, and every block starts 32-byte aligned in the Unified Buffer (a block
  * of blockLen bytes occupies ceil(blockLen / 32) data blocks there).
@@ -13,16 +13,6 @@
 #include "emu_pipe.h"
 
 namespace AscendC {
-
-struct DataCopyParams {
-    uint16_t blockCount = 1;  // blocks
-    uint16_t blockLen = 0;    // 32-byte units per block
-    uint16_t srcStride = 0;   // 32-byte units between blocks
-    uint16_t dstStride = 0;
-    DataCopyParams() = default;
-    DataCopyParams(uint16_t count, uint16_t len, uint16_t srcGap, uint16_t dstGap)
-        : blockCount(count), blockLen(len), srcStride(srcGap), dstStride(dstGap) {}
-};
 
 struct DataCopyExtParams {
     uint16_t blockCount = 1;

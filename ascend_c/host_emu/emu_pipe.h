@@ -175,19 +175,6 @@ class TBuf {
 public:
     template <typename T>
     LocalTensor<T> Get() { return LocalTensor<T>(reinterpret_cast<T*>(ctl.addr), ctl.bytes / sizeof(T), &ctl); }
-    template <typename T>
-    LocalTensor<T> Get(uint32_t len)
-    {
-        if (len * sizeof(T) > ctl.bytes) EmuFail("TBuf::Get beyond the buffer");
-        return LocalTensor<T>(reinterpret_cast<T*>(ctl.addr), len, &ctl);
-    }
-    template <typename T>
-    LocalTensor<T> GetWithOffset(uint32_t size, uint32_t bufOffset)
-    {
-        if (bufOffset % ONE_BLK_SIZE) EmuFail("TBuf::GetWithOffset: offset not 32-byte aligned");
-        if (bufOffset + (uint64_t)size * sizeof(T) > ctl.bytes) EmuFail("TBuf::GetWithOffset beyond the buffer");
-        return LocalTensor<T>(reinterpret_cast<T*>(ctl.addr + bufOffset), size, &ctl);
-    }
     BufferCtl ctl;
 };
 

@@ -3,6 +3,7 @@
 Every test in this directory carries the ``ascend_c`` marker, so ``pytest -m ascend_c`` selects
 exactly them. The marker is registered here too, in case the root configuration does not.
 """
+import pathlib
 import shutil
 
 import pytest
@@ -14,9 +15,12 @@ def pytest_configure(config):
     config.addinivalue_line("markers", ASCEND_C_MARKER)
 
 
+HERE = pathlib.Path(__file__).resolve().parent
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "tests/ascend_c/" in item.nodeid.replace("\\", "/"):
+        if HERE in pathlib.Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.ascend_c)
 
 
