@@ -27,6 +27,7 @@ import argparse
 import gc
 import json
 import multiprocessing as mp
+import signal
 import sys
 import time
 
@@ -81,8 +82,18 @@ def _quiet_gc() -> None:
     gc.freeze()
 
 
+def _one_torch_thread() -> None:
+    """The two processes share the machine: more torch threads than cores make every small
+    op wait for descheduled OpenMP workers (measured 20x slower per page on 2 busy cores)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def _receiver_main(cfg: dict, request_ids: list[int], timeout: float, out, stop) -> None:
     from lynx_npu.transport import Receiver, ReceiverConfig
+
+    _one_torch_thread()
 
     try:
         with Receiver(ReceiverConfig(**cfg)) as receiver:
@@ -109,6 +120,7 @@ def _sender_main(port: int, opts: dict, out) -> None:
     import lynx_npu
     from lynx_npu.transport import Sender, SenderConfig
 
+    _one_torch_thread()
     try:
         cfg = SenderConfig(port=port, gbps=opts["gbps"], num_connections=opts["connections"],
                            deadline_s=opts["timeout"])
@@ -169,7 +181,7 @@ def measure(opts: dict) -> tuple[list[dict], dict]:
     ctx = mp.get_context("spawn")
     recv_q, send_q, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
     ids = list(range(1, len(opts["codecs"]) + 1))
-    receiver = ctx.Process(target=_receiver_main, name="receiver",
+    receiver = ctx.Process(target=_receiver_main, name="receiver", daemon=True,
                            args=({"dequantize": opts["dequantize"],
                                   "deadline_s": opts["timeout"]}, ids, opts["timeout"], recv_q,
                                  stop))
@@ -177,7 +189,8 @@ def measure(opts: dict) -> tuple[list[dict], dict]:
     procs = [receiver]
     try:
         _, port = _get(recv_q, 120, procs)
-        sender = ctx.Process(target=_sender_main, name="sender", args=(port, opts, send_q))
+        sender = ctx.Process(target=_sender_main, name="sender", args=(port, opts, send_q),
+                             daemon=True)
         sender.start()
         procs.append(sender)
         results, timelines = [], {}
@@ -230,7 +243,12 @@ def run(args: argparse.Namespace) -> int:
          f"{args.tokens} tokens, bf16, {args.gbps} Gbps, codecs {codecs}"
          + (", compress inline" if args.encode_inline else ", pre-compressed")
          + (", dequantizing" if args.dequantize else ", frames kept (no dequantization)"))
-    results, timelines = measure(opts)
+    # SIGTERM -> SystemExit, so measure()'s cleanup stops the two child processes.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        results, timelines = measure(opts)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     report = {"gbps": float(args.gbps), "tokens": int(args.tokens), "results": results}
     if args.json:
         with open(args.json, "w") as f:

@@ -37,6 +37,9 @@ class SenderConfig:
     retransmit_s: float = 5.0            # resend a frame unacknowledged for this long
     connect_timeout_s: float = 5.0       # TCP connect + handshake
     reconnect_backoff_s: float = 0.02    # first retry delay; doubles up to 1 s
+    send_buffer_bytes: int | None = None  # SO_SNDBUF; on a real link set it near the
+                                         # bandwidth-delay product, so residual bytes already
+                                         # in the kernel cannot hold a new anchor back long
     secret: bytes | None = field(default=None, repr=False)  # shared-secret HMAC handshake
 
     def __post_init__(self):
@@ -48,6 +51,9 @@ class SenderConfig:
         for name in ("deadline_s", "retransmit_s", "connect_timeout_s", "reconnect_backoff_s",
                      "burst_s"):
             _positive(name, getattr(self, name))
+        if self.send_buffer_bytes is not None and (
+                not isinstance(self.send_buffer_bytes, int) or self.send_buffer_bytes < 4096):
+            raise ValueError(f"{self.send_buffer_bytes=} must be an int >= 4096 or None")
         if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1024:
             raise ValueError(f"{self.chunk_bytes=} must be an int >= 1024")
 

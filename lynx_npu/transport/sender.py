@@ -91,6 +91,8 @@ class _Link:
     def connect(self) -> None:
         cfg = self.sender.config
         sock = socket.create_connection((cfg.host, cfg.port), timeout=cfg.connect_timeout_s)
+        if cfg.send_buffer_bytes is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.send_buffer_bytes)
         conn = FrameSocket(sock, DEFAULT_LIMITS, self.sender.limiter, cfg.chunk_bytes)
         try:
             client_handshake(conn, cfg.secret)

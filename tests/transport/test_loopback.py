@@ -53,7 +53,8 @@ def test_several_connections_and_requests():
     codec = small_codec("lynx")
     reqs = {rid: make_layers(num_layers=2, num_tokens=150 + 40 * rid, seed=rid)
             for rid in (1, 2, 3)}
-    with pair(sender_kw={"num_connections": 3}) as (receiver, sender, _):
+    with pair(sender_kw={"num_connections": 3, "send_buffer_bytes": 1 << 16}) as (
+            receiver, sender, _):
         sends = [sender.send(rid, codec, layers) for rid, layers in reqs.items()]
         for rid, layers in reqs.items():
             handle = receiver.request(rid)
