@@ -28,11 +28,14 @@ class SenderConfig:
     host: str = LOOPBACK                 # the receiver's address
     num_connections: int = 1             # parallel TCP connections sharing one rate limit
     gbps: float | None = None            # emulated link rate for all bytes sent; None = no limit
-    burst_s: float = 0.004               # token-bucket depth in link time: absorbs the
-                                         # writer's scheduling jitter (a late write within it
-                                         # loses no link time); also the most sent at once
-                                         # after an idle period
-    chunk_bytes: int = 64 << 10          # rate-limited writes are at most this large
+    burst_s: float = 0.025               # token-bucket depth in link time. While frames are
+                                         # queued, a writer that was descheduled may catch up
+                                         # by this much, as a NIC keeps draining its queue
+                                         # while the CPU is elsewhere; an empty queue forfeits
+                                         # it (TokenBucket.mark_idle)
+    early_s: float = 0.0005              # a write may leave this much before its time:
+                                         # one sleep per ~ms instead of one per chunk
+    chunk_bytes: int = 256 << 10         # rate-limited writes are at most this large
     deadline_s: float = 60.0             # a request not fully acknowledged by then fails
     retransmit_s: float = 5.0            # resend a frame unacknowledged for this long
     connect_timeout_s: float = 5.0       # TCP connect + handshake
@@ -49,7 +52,7 @@ class SenderConfig:
             raise ValueError(f"{self.num_connections=} must be an int in [1, 64]")
         _positive("gbps", self.gbps, allow_none=True)
         for name in ("deadline_s", "retransmit_s", "connect_timeout_s", "reconnect_backoff_s",
-                     "burst_s"):
+                     "burst_s", "early_s"):
             _positive(name, getattr(self, name))
         if self.send_buffer_bytes is not None and (
                 not isinstance(self.send_buffer_bytes, int) or self.send_buffer_bytes < 4096):

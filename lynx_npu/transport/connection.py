@@ -64,15 +64,27 @@ class FrameSocket:
         return read_frame(self._read, self.limits)
 
     def write(self, *buffers) -> None:
-        """Send the buffers back to back (one frame), paced by the limiter if any."""
+        """Send the buffers back to back (one frame), paced by the limiter if any. Each paced
+        piece of up to ``chunk_bytes`` goes out in one sendmsg (header and payload together)."""
+        views = [memoryview(b).cast("B") for b in buffers]
         with self._write_lock:
-            for buf in buffers:
-                view = memoryview(buf).cast("B")
-                for start in range(0, len(view), self.chunk_bytes):
-                    chunk = view[start:start + self.chunk_bytes]
-                    if self.limiter is not None:
-                        self.limiter.consume(len(chunk))
-                    self.sock.sendall(chunk)
+            while views:
+                piece, size = [], 0
+                while views and size < self.chunk_bytes:
+                    take = views[0][:self.chunk_bytes - size]
+                    piece.append(take)
+                    size += len(take)
+                    views[0] = views[0][len(take):]
+                    if not len(views[0]):
+                        views.pop(0)
+                if self.limiter is not None:
+                    self.limiter.consume(size)
+                _sendmsg_all(self.sock, piece)
+
+    def send_many(self, frames: list[bytes]) -> None:
+        """Unpaced control frames (acknowledgements), several in one system call."""
+        with self._write_lock:
+            _sendmsg_all(self.sock, [memoryview(f) for f in frames])
 
     def send(self, frame: Frame) -> None:
         self.write(encode_frame(frame))
@@ -87,6 +99,18 @@ class FrameSocket:
             pass
         self._read.close()
         self.sock.close()
+
+
+def _sendmsg_all(sock: socket.socket, views: list[memoryview]) -> None:
+    while views:
+        sent = sock.sendmsg(views)
+        while sent and views:  # drop what went out; keep the rest of a partly sent view
+            if sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
 
 
 def _tag(secret: bytes | None, role: bytes, first: bytes, second: bytes) -> bytes:

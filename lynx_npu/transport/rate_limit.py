@@ -16,7 +16,7 @@ from typing import Callable
 
 
 class TokenBucket:
-    def __init__(self, gbps: float, burst_bytes: int = 64 << 10,
+    def __init__(self, gbps: float, burst_bytes: int = 64 << 10, early_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
         if not gbps > 0:
@@ -25,6 +25,7 @@ class TokenBucket:
             raise ValueError(f"{burst_bytes=} must be >= 1")
         self.bytes_per_s = gbps * 1e9 / 8
         self.burst_s = burst_bytes / self.bytes_per_s
+        self.early_s = early_s  # writes may leave this early: fewer, longer sleeps
         self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
         self._t = float("-inf")
@@ -45,6 +46,6 @@ class TokenBucket:
         done = self.reserve(nbytes)
         while True:
             wait = done - self._clock()
-            if wait <= 0:
+            if wait <= self.early_s:
                 return
             self._sleep(wait)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import select
 import socket
 import threading
 import time
@@ -25,6 +26,7 @@ import torch
 
 from ..codec import codec_from_wire
 from ..wire import (DATA_KINDS, HEADER_SIZE, ChecksumError, Frame, Kind, UnknownCodecError,
+                    encode_frame,
                     UnsupportedVersionError, WireError, params_from_json)
 from .config import ReceiverConfig
 from .connection import FrameSocket, server_handshake
@@ -33,6 +35,7 @@ from .receive_state import OnPage, PageJob, ReceiveHandle, RequestRejected
 
 log = logging.getLogger(__name__)
 _RECENT = 4096  # finished request ids remembered, so late duplicates are acknowledged
+_ACK_BATCH = 16
 
 
 class Receiver:
@@ -138,25 +141,36 @@ class Receiver:
                              name="lynx-recv-conn").start()
 
     def _serve(self, conn: FrameSocket) -> None:
+        acks: list[bytes] = []  # acknowledgements go out in batches (one system call each)
         try:
             conn.sock.settimeout(self.config.handshake_timeout_s)
             server_handshake(conn, self.config.secret)
             conn.sock.settimeout(None)
+            poller = select.poll()
+            poller.register(conn.sock, select.POLLIN)
             while not self._closed.is_set():
+                # Flush before a read could block, or once a batch is full: an ACK waits at
+                # most for the frames already arriving behind its own.
+                if acks and (len(acks) >= _ACK_BATCH or not poller.poll(0)):
+                    conn.send_many(acks)
+                    acks = []
                 try:
                     frame = conn.read()
                 except ChecksumError as e:
                     if e.where == "payload" and e.header.kind in DATA_KINDS:
                         log.debug("payload CRC failed for %s: NACK", e.header.key)
-                        conn.send(Frame(Kind.NACK, e.header.request_id, layer=e.header.layer,
-                                        page=e.header.page, ref_kind=int(e.header.kind)))
+                        acks.append(encode_frame(Frame(
+                            Kind.NACK, e.header.request_id, layer=e.header.layer,
+                            page=e.header.page, ref_kind=int(e.header.kind))))
                         continue
                     raise
                 if frame.kind not in DATA_KINDS:
                     raise WireError(f"unexpected {frame.kind.name} frame after the handshake")
                 reply = self._on_data(frame)
                 if reply is not None:
-                    conn.send(reply)
+                    acks.append(encode_frame(reply))
+            if acks:
+                conn.send_many(acks)
         except (UnsupportedVersionError, UnknownCodecError) as e:
             self._refuse(conn, str(e))  # an incompatible peer: tell it why
         except (OSError, WireError, TransferError) as e:

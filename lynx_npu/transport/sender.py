@@ -185,7 +185,8 @@ class Sender:
 
     def __init__(self, config: SenderConfig):
         self.config = config
-        self.limiter = TokenBucket(config.gbps, config.burst_bytes) if config.gbps else None
+        self.limiter = (TokenBucket(config.gbps, config.burst_bytes, config.early_s)
+                        if config.gbps else None)
         self.queue = SendQueue()
         self._lock = threading.RLock()
         self._closed = threading.Event()

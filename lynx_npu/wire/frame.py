@@ -33,6 +33,7 @@ WireLimits before the bytes it announces are read.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import struct
 from dataclasses import dataclass, field
@@ -82,6 +83,14 @@ def params_to_json(params: dict) -> bytes:
 
 def params_from_json(raw: bytes) -> dict:
     """Parse and check the header's parameters: a canonical JSON object of plain values."""
+    _check_params(bytes(raw))
+    return json.loads(bytes(raw).decode("ascii"))
+
+
+@functools.lru_cache(maxsize=64)
+def _check_params(raw: bytes) -> None:
+    """Every frame of a request repeats the same parameters: check each distinct string once
+    (only successes are cached; a bad string raises every time)."""
     try:
         params = json.loads(raw.decode("ascii"))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -98,7 +107,6 @@ def params_from_json(raw: bytes) -> dict:
         raise FrameFieldError("params", "holds a non-finite number") from None
     if canonical != bytes(raw):
         raise FrameFieldError("params", "is not canonical JSON (sorted keys, no spaces)")
-    return params
 
 
 @dataclass(frozen=True)
@@ -206,8 +214,8 @@ def read_frame(read_exact: ReadExact, limits: WireLimits = DEFAULT_LIMITS) -> Fr
             bytes(payload).decode("utf-8")
         except UnicodeDecodeError:
             raise FrameFieldError("payload", "ERROR text is not UTF-8") from None
-    return Frame(kind, request_id, layer, num_layers, page, token_start, token_end, num_tokens,
-                 codec_id, dtype, ref_kind, num_kv_heads, head_dim, params, payload)
+    object.__setattr__(frame, "payload", payload)  # the frame is new and not yet shared
+    return frame
 
 
 def _check_fields(f: Frame, params_len: int, payload_len: int, limits: WireLimits) -> None:
@@ -237,7 +245,7 @@ def _check_fields(f: Frame, params_len: int, payload_len: int, limits: WireLimit
             raise bad("head_dim", f"{f.head_dim} must be in [1, {limits.max_head_dim}]")
         if f.ref_kind != 0:
             raise bad("ref_kind", f"must be 0 on a data frame, got {f.ref_kind}")
-        params_from_json(f.params)
+        _check_params(f.params)
         cap = min(limits.max_payload_bytes,
                   max_data_payload(f.token_end - f.token_start, f.num_kv_heads, f.head_dim))
         if not 1 <= payload_len <= cap:
