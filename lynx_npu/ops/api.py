@@ -13,6 +13,8 @@ tensors' device (ops/backends.py); pass ``backend=`` or set ``LYNX_BACKEND`` to 
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from lynx_npu.codec.lynx_config import LynxConfig
@@ -59,15 +61,38 @@ def _check_stream(name: str, buf, nbytes: int, device) -> torch.Tensor:
     return buf
 
 
+def _check_out_stream(name, buf, nbytes, device) -> None:
+    if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1 \
+            or not buf.is_contiguous() or buf.numel() != nbytes or buf.device != device:
+        raise ValueError(f"out {name} must be a contiguous 1-D uint8 tensor of {nbytes} bytes on "
+                         f"{device}, got {getattr(buf, 'dtype', type(buf).__name__)} "
+                         f"{tuple(getattr(buf, 'shape', ()))} on {getattr(buf, 'device', None)}")
+
+
 def compress(k: torch.Tensor, v: torch.Tensor, config: LynxConfig, *,
-             backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Compress one layer. -> (anchor, residual) uint8 buffers on k's device."""
+             backend: str | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compress one layer. -> (anchor, residual) uint8 buffers on k's device.
+
+    ``out``: preallocated (anchor, residual) buffers of the plan's sizes to write into (every
+    byte is written, alignment padding included).
+    """
     cfg = _check_config(config)
     _check_kv(k, v)
     h, t, d = k.shape
     plan = layer_plan(cfg, h, t, d, k.dtype)
+    if out is not None:
+        _check_out_stream("anchor", out[0], plan.anchor_nbytes, k.device)
+        _check_out_stream("residual", out[1], plan.residual_nbytes, k.device)
     _, impl = backends.select(k.device, backend, cfg, h, d, k.dtype)
-    return impl.compress(k, v, plan)
+    if out is None:
+        return impl.compress(k, v, plan)
+    if "out" in inspect.signature(impl.compress).parameters:
+        return impl.compress(k, v, plan, out=out)
+    anchor, residual = impl.compress(k, v, plan)
+    out[0].copy_(anchor)
+    out[1].copy_(residual)
+    return out
 
 
 def _run_decompress(anchor, residual, plan: LayerPlan, dest, backend) -> None:
@@ -87,15 +112,26 @@ def _check_shape(shape) -> tuple[int, int, int]:
 
 
 def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, config: LynxConfig,
-               shape, dtype: torch.dtype, *, backend: str | None = None):
-    """Anchor-only (``residual=None``) or full decompression of one layer -> (k, v) [H, T, D]."""
+               shape, dtype: torch.dtype, *, backend: str | None = None,
+               out: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """Anchor-only (``residual=None``) or full decompression of one layer -> (k, v) [H, T, D].
+
+    ``out``: (k, v) tensors of ``shape`` and ``dtype`` (any strides) to write into.
+    """
     cfg = _check_config(config)
     h, t, d = _check_shape(shape)
     if dtype not in KV_DTYPES:
         raise ValueError(f"{dtype=} must be float16, bfloat16 or float32")
     plan = layer_plan(cfg, h, t, d, dtype)
-    k = torch.empty(h, t, d, dtype=dtype, device=anchor.device)
-    v = torch.empty_like(k)
+    if out is None:
+        k = torch.empty(h, t, d, dtype=dtype, device=anchor.device)
+        v = torch.empty_like(k)
+    else:
+        k, v = out
+        for name, x in (("k", k), ("v", v)):
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != (h, t, d) or x.dtype != dtype:
+                raise ValueError(f"out {name} must be a {dtype} tensor of shape {(h, t, d)}, got "
+                                 f"{getattr(x, 'dtype', None)} {tuple(getattr(x, 'shape', ()))}")
     _run_decompress(anchor, residual, plan, _dest.dense(k, v), backend)
     return k, v
 

@@ -82,7 +82,9 @@ def _module_loader(module: str) -> Callable[[], object]:
 
 register_backend("torch", None, _module_loader("lynx_npu.ops.torch_backend"))
 register_backend("cpu", ("cpu",), _module_loader("lynx_npu.ops.cpu_backend"))
-register_backend("triton", ("cuda",), _module_loader("lynx_npu.ops.triton_backend"))
+# Under TRITON_INTERPRET=1 the Triton kernels also run (slowly) on CPU tensors, when asked for.
+register_backend("triton", ("cuda", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda",),
+                 _module_loader("lynx_npu.ops.triton_backend"))
 register_backend("ascend_c", ("npu",), _module_loader("lynx_npu.ops.ascend_backend"))
 
 

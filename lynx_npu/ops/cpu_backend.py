@@ -163,11 +163,14 @@ def _check_cpu(*tensors) -> None:
             raise ValueError(f"the cpu backend got a tensor on {t.device}")
 
 
-def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan):
+def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
     _check_cpu(k, v)
     keep: list = []
-    anchor = torch.empty(plan.anchor_nbytes, dtype=torch.uint8)
-    residual = torch.empty(plan.residual_nbytes, dtype=torch.uint8)
+    if out is None:
+        anchor = torch.empty(plan.anchor_nbytes, dtype=torch.uint8)
+        residual = torch.empty(plan.residual_nbytes, dtype=torch.uint8)
+    else:
+        anchor, residual = out
     strides = (ctypes.c_int64 * 6)(*k.stride(), *v.stride())
     table = plan.on("cpu")
     rc = _lib().lynx_cpu_compress(

@@ -1,0 +1,169 @@
+"""Launchers of the Lynx Triton kernels: the ``triton`` backend of lynx_npu.ops.
+
+``supports`` / ``compress`` / ``decompress`` follow ops/torch_backend.py. The launchers check
+devices, dtypes and the layout before launching; block sizes derive from the config:
+BT = next power of two >= page_size tokens per program, BD channels per program (a multiple of
+the chunk along head_dim on the token axis), so one program's tile stays in registers.
+Every launch passes ``enable_fp_fusion=False``: the reference rounds each multiply and add.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import triton
+
+from lynx_npu.ops.dest import Destination
+from lynx_npu.ops.plan import LayerPlan
+from lynx_npu.ops.tables import device_tables
+
+from .lynx_compress import lynx_compress_kernel
+from .lynx_decompress import lynx_decompress_kernel
+
+NAME = "triton"
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_TILE = 16384      # values per program (registers)
+MAX_PAGE = 1024
+# Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
+TUNING = {"compress": {"BD": None, "num_warps": None, "TREE": True},
+          "decompress": {"TB": None, "BD": None, "num_warps": None}}
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _blocks(cfg, head_dim: int, which: str) -> dict:
+    bt = _pow2(cfg.page_size)
+    c = cfg.chunk_size
+    token = cfg.axis(which) == "token"
+    if token:
+        bd = min(c, _pow2(head_dim)) if c > 32 else min(32, _pow2(head_dim))
+        bd = max(bd, 8)
+        ce = min(c, bd)
+    else:
+        bd = max(8, min(32, _pow2(head_dim), MAX_TILE // 2 // bt))
+        ce = c
+    tune = TUNING["compress"]
+    if tune["BD"] and (not token or tune["BD"] % ce == 0):
+        bd = tune["BD"]
+    return {"TOKEN_AXIS": token, "BT": bt, "BD": bd, "C": c, "CE": ce,
+            "num_dt": triton.cdiv(head_dim, bd),
+            "num_warps": tune["num_warps"] or (8 if bt * bd <= 8192 else 16)}
+
+
+def _decode_blocks(cfg, head_dim: int, which: str) -> dict:
+    """Decompress tiles: TB tokens (whole chunks on the channel axis) x BD channels."""
+    b = _blocks(cfg, head_dim, which)
+    tune = TUNING["decompress"]
+    tb = tune["TB"] or 32
+    tb = min(max(tb, b["C"]) if not b["TOKEN_AXIS"] else tb, b["BT"])
+    bd = b["BD"] if b["TOKEN_AXIS"] else max(8, min(64, _pow2(head_dim)))
+    if tune["BD"] and (not b["TOKEN_AXIS"] or tune["BD"] % b["CE"] == 0):
+        bd = tune["BD"]
+    return dict(b, TB=tb, NTB=b["BT"] // tb, BD=bd, num_dt=triton.cdiv(head_dim, bd),
+                num_warps=tune["num_warps"] or 4)
+
+
+def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (float16, bfloat16, float32 only)"
+    if head_dim % 8:
+        return f"{head_dim=} must be a multiple of 8 (bit-packed rows start on byte boundaries)"
+    c = cfg.chunk_size
+    if c & (c - 1):
+        return f"chunk_size={c} must be a power of two"
+    if cfg.page_size > MAX_PAGE:
+        return f"page_size={cfg.page_size} must be <= {MAX_PAGE}"
+    for which in "kv":
+        b = _blocks(cfg, head_dim, which)
+        if b["BT"] * b["BD"] > MAX_TILE:
+            return f"a [{b['BT']}, {b['BD']}] tile exceeds {MAX_TILE} values (page_size/chunk_size)"
+        if not b["TOKEN_AXIS"] and c > b["BT"]:
+            return f"chunk_size={c} exceeds the page"
+    return None
+
+
+def interpreting() -> bool:
+    """TRITON_INTERPRET=1 runs the kernels on CPU tensors (numpy), for CI."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _check_device(*tensors) -> torch.device:
+    dev = tensors[0].device
+    want = ("cuda", "cpu") if interpreting() else ("cuda",)
+    for t in tensors:
+        if t is not None and (t.device != dev or t.device.type not in want):
+            raise ValueError(f"the triton backend needs every tensor on one CUDA device; got "
+                             f"{t.device} and {dev}")
+    return dev
+
+
+def _views(anchor: torch.Tensor, dtype: torch.dtype):
+    """The anchor buffer as uint8, as the KV dtype (gamma, sinks) and as float16 (stats)."""
+    es = torch.empty((), dtype=dtype).element_size()
+    if anchor.numel() % es:
+        raise ValueError(f"anchor of {anchor.numel()} bytes is not a whole number of {dtype}")
+    return anchor, anchor.view(dtype), anchor.view(torch.float16), es
+
+
+def _common(cfg, blk, es, which_index) -> dict:
+    return dict(WHICH=which_index, TOKEN_AXIS=blk["TOKEN_AXIS"], BD=blk["BD"],
+                C=blk["C"], CE=blk["CE"], BS=_pow2(cfg.num_sink_tokens), ES=es,
+                A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits,
+                num_warps=blk["num_warps"], enable_fp_fusion=False)
+
+
+def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
+    dev = _check_device(k, v)
+    cfg = plan.config
+    if out is None:
+        anchor = torch.empty(plan.anchor_nbytes, dtype=torch.uint8, device=dev)
+        residual = torch.empty(plan.residual_nbytes, dtype=torch.uint8, device=dev)
+    else:
+        anchor, residual = out
+    # Every token a sink: no residual bytes; the kernel still needs a valid pointer.
+    res_arg = residual if residual.numel() else torch.empty(1, dtype=torch.uint8, device=dev)
+    a8, akv, a16, es = _views(anchor, k.dtype)
+    tabs = device_tables(cfg, dev)
+    table = plan.on(dev)
+    for wi, (which, x) in enumerate((("k", k), ("v", v))):
+        blk = _blocks(cfg, plan.head_dim, which)
+        t = tabs[which]
+        grid = (plan.num_pages, plan.num_kv_heads, blk["num_dt"])
+        lynx_compress_kernel[grid](
+            x, *x.stride(), a8, akv, a16, res_arg, table,
+            tabs["thresholds"][wi], tabs["bucket"][wi], t.shift, t.key_lo,
+            plan.num_kv_heads, plan.head_dim,
+            BT=blk["BT"], BIAS=cfg.bias, PROBES=t.num_probes, TREE=TUNING["compress"]["TREE"],
+            **_common(cfg, blk, es, wi))
+    return anchor, residual
+
+
+def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerPlan,
+               dest: Destination) -> None:
+    dev = _check_device(anchor, residual, dest.k.tensor, dest.v.tensor)
+    cfg = plan.config
+    if dest.dtype != plan.dtype:
+        raise ValueError(f"destination dtype {dest.dtype} differs from the stream's {plan.dtype}")
+    a8, akv, a16, es = _views(anchor, plan.dtype)
+    tabs = device_tables(cfg, dev)
+    table = plan.on(dev)
+    has_res = residual is not None and residual.numel() > 0
+    r8 = residual if has_res else a8
+    slots = dest.slot_mapping if dest.slot_mapping is not None else table
+    for wi, (which, tgt) in enumerate((("k", dest.k), ("v", dest.v))):
+        blk = _decode_blocks(cfg, plan.head_dim, which)
+        grid = (plan.num_pages * blk["NTB"], plan.num_kv_heads, blk["num_dt"])
+        lynx_decompress_kernel[grid](
+            a8, akv, a16, r8, table, tabs["levels"][wi],
+            tgt.tensor, tgt.offset, tgt.s_block, tgt.s_token, tgt.s_head, tgt.s_dim,
+            dest.block_size, slots, plan.num_kv_heads, plan.head_dim,
+            YMAX=cfg.y_max, HAS_RES=residual is not None, PAGED=dest.slot_mapping is not None,
+            INTERPRET=interpreting(), NTB=blk["NTB"], TB=blk["TB"],
+            **_common(cfg, blk, es, wi))
+
+
+def load():
+    return sys.modules[__name__]

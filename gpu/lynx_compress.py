@@ -1,0 +1,161 @@
+"""Triton: Lynx compress, fused (lynx_npu/codec/lynx_ref.py ``quantize`` + the v1 page layout).
+
+One program = one page x one kv head x one tile of BD channels, for K or V (WHICH). It reads
+its [tokens, BD] input tile once into registers, computes page min/max, chunk mean/scale and
+codes there, and writes each output once: gamma, chunk statistics, packed anchor and residual
+codes, the page-0 sink tokens and (one program per page) the zero alignment padding. Byte
+offsets come from the page plan (lynx_npu/ops/plan.py). The chunk tile is [NC, C, BD] for the
+channel axis (C tokens of a channel) and [BT, NCD, CE] for the token axis (CE head_dim values
+of a token), so chunk reductions are plain axis reductions. ``TREE=False`` (benchmarks only)
+sums chunks with tl.sum instead of the fixed pairwise order, to measure what the order costs.
+"""
+import triton
+import triton.language as tl
+
+from lynx_npu.ops import plan as P
+
+from .lynx_common import codes, pack_store, tree_sum_last, tree_sum_mid
+
+F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
+F_BODY0 = tl.constexpr(P.F_BODY0)
+F_NUM_BODY = tl.constexpr(P.F_NUM_BODY)
+F_NUM_SINK = tl.constexpr(P.F_NUM_SINK)
+F_CODES = tl.constexpr(P.F_CODES)
+F_GAMMA = tl.constexpr(P.F_GAMMA)
+F_STATS = tl.constexpr(P.F_STATS)
+F_SINK = tl.constexpr(P.F_SINK)
+F_RES = tl.constexpr(P.F_RES)
+F_PADS = tl.constexpr(P.F_PADS)
+NUM_PADS = tl.constexpr(P.NUM_PADS)
+NF = tl.constexpr(P.NUM_FIELDS)
+
+
+@triton.jit
+def _codes_and_pack(xf, R: tl.constexpr, BD: tl.constexpr, t, tmask, h, tp, D, d0,
+                    codes_ptr, res_ptr, thr_ptr, bucket_ptr, shift, key_lo,
+                    A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
+                    PROBES: tl.constexpr):
+    """xf [R, BD] (rows t) -> packed anchor / residual codes of stream rows (h, t, d0..)."""
+    i = codes(xf, thr_ptr, bucket_ptr, shift, key_lo, PROBES)
+    m = (i + BIAS) >> R_BITS
+    res = (m << R_BITS) - i
+    anc = tl.where(xf < 0, -m - 1, m)
+    e0 = (h * tp + t) * D + d0  # stream position of each row's first value
+    pack_store(anc, codes_ptr, (e0 * A_BITS) >> 3, tmask, D - d0, R, BD, A_BITS)
+    pack_store(res, res_ptr, (e0 * R_BITS) >> 3, tmask, D - d0, R, BD, R_BITS)
+
+
+@triton.jit
+def lynx_compress_kernel(
+        x_ptr, s_h, s_t, s_d,            # K or V [H, T, D] and its strides (elements)
+        a8_ptr, akv_ptr, a16_ptr,        # the anchor buffer as uint8 / KV dtype / float16
+        r8_ptr,                          # the residual buffer (uint8)
+        plan_ptr,                        # int64 [num_pages, NF]
+        thr_ptr, bucket_ptr, shift, key_lo,  # this stream's tables (ops/tables.py)
+        H, D,
+        WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+        C: tl.constexpr, CE: tl.constexpr, BS: tl.constexpr, ES: tl.constexpr,
+        A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr, PROBES: tl.constexpr,
+        TREE: tl.constexpr = True):
+    page = tl.program_id(0)
+    h = tl.program_id(1)
+    dt = tl.program_id(2)
+    row = plan_ptr + page * NF
+    token0 = tl.load(row + F_TOKEN0).to(tl.int32)  # token counts fit int32; byte offsets stay int64
+    body0 = tl.load(row + F_BODY0).to(tl.int32)
+    tp = tl.load(row + F_NUM_BODY).to(tl.int32)
+    ns = tl.load(row + F_NUM_SINK).to(tl.int32)
+    d0 = dt * BD
+    xh = x_ptr + h * s_h
+    dd = d0 + tl.arange(0, BD)
+    dmask = dd < D
+
+    if ns > 0:  # page 0: the exact sink tokens, [H, ns, D] in the KV dtype
+        s = tl.arange(0, BS)
+        sm = (s < ns)[:, None] & dmask[None, :]
+        xs = tl.load(xh + (token0 + s)[:, None] * s_t + dd[None, :] * s_d, mask=sm)
+        sink = akv_ptr + tl.load(row + F_SINK + WHICH) // ES
+        tl.store(sink + (h * ns + s)[:, None] * D + dd[None, :], xs, mask=sm)
+    if WHICH == 0:
+        if (h == 0) & (dt == 0):  # alignment padding of this page's sections
+            o = tl.arange(0, 32)
+            zero = tl.zeros([32], dtype=tl.uint8)
+            for i in tl.static_range(NUM_PADS):
+                start = tl.load(row + F_PADS + 2 * i)
+                length = tl.load(row + F_PADS + 2 * i + 1)
+                if i < NUM_PADS - 1:
+                    tl.store(a8_ptr + start + o, zero, mask=o < length)
+                else:
+                    tl.store(r8_ptr + start + o, zero, mask=o < length)
+
+    gamma = akv_ptr + tl.load(row + F_GAMMA + WHICH) // ES
+    stats = a16_ptr + tl.load(row + F_STATS + WHICH) // 2
+    codes_ptr = a8_ptr + tl.load(row + F_CODES + WHICH)
+    res_ptr = r8_ptr + tl.load(row + F_RES + WHICH)
+    if not TOKEN_AXIS:
+        # [NC, C, BD]: chunk c holds tokens c*C .. c*C + C - 1 of each channel
+        NC: tl.constexpr = BT // C
+        c = tl.arange(0, NC)
+        t3 = (c[:, None] * C + tl.arange(0, C)[None, :])[:, :, None]
+        m3 = (t3 < tp) & dmask[None, None, :]
+        x = tl.load(xh + (body0 + t3) * s_t + dd[None, None, :] * s_d, mask=m3,
+                    other=0.0).to(tl.float32)
+        gmin = tl.min(tl.min(tl.where(m3, x, float("inf")), axis=1), axis=0)
+        gmax = tl.max(tl.max(tl.where(m3, x, float("-inf")), axis=1), axis=0)
+        scale = gmax - gmin
+        sc = tl.where(scale > 0, scale, 1.0)[None, None, :]
+        xn = tl.where((scale > 0)[None, None, :], tl.math.div_rn(x - gmin[None, None, :], sc), 0.0)
+        xn = tl.where(m3, xn, 0.0)
+        count = tl.maximum(tl.minimum(tp - c * C, C), 1).to(tl.float32)
+        csum = tree_sum_mid(xn, NC, C, BD) if TREE else tl.sum(xn, axis=1)
+        mu = tl.math.div_rn(csum, count[:, None]).to(tl.float16)
+        xc = xn - mu.to(tl.float32)[:, None, :]
+        sigma = tl.max(tl.where(m3, tl.abs(xc), 0.0), axis=1).to(tl.float16)
+        sg = sigma.to(tl.float32)[:, None, :]
+        xf = tl.where(sg > 0, tl.math.div_rn(xc, tl.where(sg > 0, sg, 1.0)), 0.0)
+        nct = (tp + C - 1) // C
+        sidx = (h * nct + c[:, None]) * D + dd[None, :]
+        smask = (c < nct)[:, None] & dmask[None, :]
+        tl.store(stats + sidx, mu, mask=smask)
+        tl.store(stats + H * nct * D + sidx, sigma, mask=smask)
+        t = tl.arange(0, BT)
+        _codes_and_pack(tl.reshape(xf, [BT, BD]), BT, BD, t, t < tp, h, tp, D, d0, codes_ptr,
+                        res_ptr, thr_ptr, bucket_ptr, shift, key_lo, A_BITS, R_BITS, BIAS,
+                        PROBES)
+    else:
+        # [BT, NCD, CE]: chunk (t, cd) holds head_dim values d0 + cd*CE .. of token t
+        NCD: tl.constexpr = BD // CE
+        t = tl.arange(0, BT)
+        cd = tl.arange(0, NCD)
+        d3 = (d0 + cd[:, None] * CE + tl.arange(0, CE)[None, :])[None, :, :]
+        tm3 = (t < tp)[:, None, None]
+        m3 = tm3 & (d3 < D)
+        x = tl.load(xh + (body0 + t)[:, None, None] * s_t + d3 * s_d, mask=m3,
+                    other=0.0).to(tl.float32)
+        gmin = tl.min(tl.where(m3, x, float("inf")), axis=0)     # [NCD, CE]
+        gmax = tl.max(tl.where(m3, x, float("-inf")), axis=0)
+        scale = gmax - gmin
+        sc = tl.where(scale > 0, scale, 1.0)[None, :, :]
+        xn = tl.where((scale > 0)[None, :, :], tl.math.div_rn(x - gmin[None, :, :], sc), 0.0)
+        xn = tl.where(m3, xn, 0.0)
+        c0 = d0 + cd * CE  # first head_dim index of each chunk
+        count = tl.maximum(tl.minimum(D - c0, C), 1).to(tl.float32)
+        csum = tree_sum_last(xn, BT, NCD, CE) if TREE else tl.sum(xn, axis=2)
+        mu = tl.math.div_rn(csum, count[None, :]).to(tl.float16)
+        xc = xn - mu.to(tl.float32)[:, :, None]
+        sigma = tl.max(tl.where(m3, tl.abs(xc), 0.0), axis=2).to(tl.float16)
+        sg = sigma.to(tl.float32)[:, :, None]
+        xf = tl.where(sg > 0, tl.math.div_rn(xc, tl.where(sg > 0, sg, 1.0)), 0.0)
+        ncd = (D + C - 1) // C
+        sidx = (h * tp + t[:, None]) * ncd + (c0 // C)[None, :]
+        smask = (t < tp)[:, None] & (c0 < D)[None, :]
+        tl.store(stats + sidx, mu, mask=smask)
+        tl.store(stats + H * tp * ncd + sidx, sigma, mask=smask)
+        gmin = tl.reshape(gmin, [BD])
+        gmax = tl.reshape(gmax, [BD])
+        _codes_and_pack(tl.reshape(xf, [BT, BD]), BT, BD, t, t < tp, h, tp, D, d0, codes_ptr,
+                        res_ptr, thr_ptr, bucket_ptr, shift, key_lo, A_BITS, R_BITS, BIAS,
+                        PROBES)
+    gdt = akv_ptr.dtype.element_ty
+    tl.store(gamma + h * D + dd, gmin.to(gdt), mask=dd < tl.minimum(tp, 1) * D)
+    tl.store(gamma + H * D + h * D + dd, gmax.to(gdt), mask=dd < tl.minimum(tp, 1) * D)

@@ -1,0 +1,144 @@
+"""Triton: Lynx decompress (anchor-only or full), fused, into a dense [H, T, D] pair or straight
+into a paged KV cache (lynx_npu/codec/lynx_ref.py ``dequantize`` + the v1 page layout).
+
+One program = TB tokens of one page x one kv head x one tile of BD channels, for K or V (WHICH)
+(decoding needs no page-wide reduction, so tiles stay small). It reads its codes (and
+residuals), chunk statistics and gamma once and writes each output value once, to
+``out + offset + block*s_block + offset_in_block*s_token + head*s_head + dim*s_dim`` with
+``(block, offset_in_block) = divmod(slot, block_size)``; slot = token for a dense output,
+``slot_mapping[token]`` for a paged cache (negative slots are skipped). See ops/dest.py.
+"""
+import triton
+import triton.language as tl
+
+from lynx_npu.ops import plan as P
+
+from .lynx_common import unpack_load
+
+F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
+F_BODY0 = tl.constexpr(P.F_BODY0)
+F_NUM_BODY = tl.constexpr(P.F_NUM_BODY)
+F_NUM_SINK = tl.constexpr(P.F_NUM_SINK)
+F_CODES = tl.constexpr(P.F_CODES)
+F_GAMMA = tl.constexpr(P.F_GAMMA)
+F_STATS = tl.constexpr(P.F_STATS)
+F_SINK = tl.constexpr(P.F_SINK)
+F_RES = tl.constexpr(P.F_RES)
+NF = tl.constexpr(P.NUM_FIELDS)
+
+
+@triton.jit
+def _row_address(tok, valid, slots_ptr, block_size, s_block, s_tok, PAGED: tl.constexpr):
+    """Element offset of each token's row (any shape) and whether it is written."""
+    if PAGED:
+        slot = tl.load(slots_ptr + tok, mask=valid, other=-1)
+    else:
+        slot = tok.to(tl.int64)
+    return (slot // block_size) * s_block + (slot % block_size) * s_tok, valid & (slot >= 0)
+
+
+@triton.jit
+def _to_out(x, odt: tl.constexpr, INTERPRET: tl.constexpr):
+    """float32 -> the output dtype, rounding to nearest even like torch's .to(dtype).
+
+    Triton's interpreter truncates float32 -> bfloat16, so under TRITON_INTERPRET=1 the
+    rounding is done on the bits (finite values); on a GPU the native conversion rounds (RTNE).
+    """
+    if INTERPRET and odt == tl.bfloat16:
+        u = x.to(tl.uint32, bitcast=True)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        return u.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(odt)
+
+
+@triton.jit
+def _magnitude(a8c, r8c, lv_ptr, elem, mask, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
+               YMAX: tl.constexpr, HAS_RES: tl.constexpr):
+    """Signed reconstructed |x| in the chunk-normalised domain (levels table), float32."""
+    a = unpack_load(a8c, elem, mask, A_BITS)
+    neg = a < 0
+    code = tl.where(neg, -a - 1, a) << R_BITS
+    if HAS_RES:
+        code -= unpack_load(r8c, elem, mask, R_BITS)
+    code = tl.minimum(tl.maximum(code, 0), YMAX)
+    mag = tl.load(lv_ptr + code, mask=mask, other=0.0)
+    return tl.where(neg, -mag, mag)
+
+
+@triton.jit
+def lynx_decompress_kernel(
+        a8_ptr, akv_ptr, a16_ptr,        # the anchor buffer as uint8 / KV dtype / float16
+        r8_ptr,                          # the residual buffer (uint8; unused without HAS_RES)
+        plan_ptr,                        # int64 [num_pages, NF]
+        lv_ptr,                          # float32 [128] levels of this stream
+        out_ptr, o_off, s_block, s_tok, s_head, s_dim, block_size, slots_ptr,
+        H, D,
+        WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, NTB: tl.constexpr, TB: tl.constexpr,
+        BD: tl.constexpr, C: tl.constexpr, CE: tl.constexpr, BS: tl.constexpr, ES: tl.constexpr,
+        A_BITS: tl.constexpr, R_BITS: tl.constexpr, YMAX: tl.constexpr,
+        HAS_RES: tl.constexpr, PAGED: tl.constexpr, INTERPRET: tl.constexpr):
+    page = tl.program_id(0) // NTB
+    tb = tl.program_id(0) % NTB  # this program's block of TB tokens (NTB blocks per page)
+    h = tl.program_id(1)
+    dt = tl.program_id(2)
+    row = plan_ptr + page * NF
+    token0 = tl.load(row + F_TOKEN0).to(tl.int32)  # token counts fit int32; byte offsets stay int64
+    body0 = tl.load(row + F_BODY0).to(tl.int32)
+    tp = tl.load(row + F_NUM_BODY).to(tl.int32)
+    ns = tl.load(row + F_NUM_SINK).to(tl.int32)
+    d0 = dt * BD
+    dd = d0 + tl.arange(0, BD)
+    dmask = dd < D
+    out = out_ptr + o_off + h * s_head
+    odt = out_ptr.dtype.element_ty
+
+    if (ns > 0) & (tb == 0):  # page 0: the exact sink tokens
+        s = tl.arange(0, BS)
+        sm = (s < ns)[:, None] & dmask[None, :]
+        sink = akv_ptr + tl.load(row + F_SINK + WHICH) // ES
+        vals = tl.load(sink + (h * ns + s)[:, None] * D + dd[None, :], mask=sm)
+        at, ok = _row_address(token0 + s, s < ns, slots_ptr, block_size, s_block, s_tok, PAGED)
+        tl.store(out + at[:, None] + dd[None, :] * s_dim, vals.to(odt), mask=sm & ok[:, None])
+
+    gamma = akv_ptr + tl.load(row + F_GAMMA + WHICH) // ES
+    stats = a16_ptr + tl.load(row + F_STATS + WHICH) // 2
+    a8c = a8_ptr + tl.load(row + F_CODES + WHICH)
+    r8c = r8_ptr + tl.load(row + F_RES + WHICH)
+    gmin = tl.load(gamma + h * D + dd, mask=dd < tl.minimum(tp, 1) * D, other=0.0).to(tl.float32)
+    gmax = tl.load(gamma + H * D + h * D + dd, mask=dd < tl.minimum(tp, 1) * D, other=0.0).to(tl.float32)
+    scale = gmax - gmin
+    if not TOKEN_AXIS:
+        NC: tl.constexpr = TB // C
+        c = tb * NC + tl.arange(0, NC)  # chunk index within the page
+        t3 = (c[:, None] * C + tl.arange(0, C)[None, :])[:, :, None]  # [NC, C, 1]
+        m3 = (t3 < tp) & dmask[None, None, :]
+        xf = _magnitude(a8c, r8c, lv_ptr, (h * tp + t3) * D + dd[None, None, :], m3, A_BITS,
+                        R_BITS, YMAX, HAS_RES)
+        nct = (tp + C - 1) // C
+        sidx = (h * nct + c[:, None]) * D + dd[None, :]
+        smask = (c < nct)[:, None] & dmask[None, :]
+        mu = tl.load(stats + sidx, mask=smask, other=0.0).to(tl.float32)
+        sg = tl.load(stats + H * nct * D + sidx, mask=smask, other=0.0).to(tl.float32)
+        xn = xf * sg[:, None, :] + mu[:, None, :]
+        x = xn * scale[None, None, :] + gmin[None, None, :]
+        at, ok = _row_address(body0 + t3, t3 < tp, slots_ptr, block_size, s_block, s_tok, PAGED)
+        tl.store(out + at + dd[None, None, :] * s_dim, _to_out(x, odt, INTERPRET), mask=m3 & ok)
+    else:
+        NCD: tl.constexpr = BD // CE
+        t = tb * TB + tl.arange(0, TB)
+        cd = tl.arange(0, NCD)
+        c0 = d0 + cd * CE
+        d3 = (c0[:, None] + tl.arange(0, CE)[None, :])[None, :, :]  # [1, NCD, CE]
+        m3 = (t < tp)[:, None, None] & (d3 < D)
+        xf = _magnitude(a8c, r8c, lv_ptr, (h * tp + t[:, None, None]) * D + d3, m3, A_BITS,
+                        R_BITS, YMAX, HAS_RES)
+        ncd = (D + C - 1) // C
+        sidx = (h * tp + t[:, None]) * ncd + (c0 // C)[None, :]
+        smask = (t < tp)[:, None] & (c0 < D)[None, :]
+        mu = tl.load(stats + sidx, mask=smask, other=0.0).to(tl.float32)
+        sg = tl.load(stats + H * tp * ncd + sidx, mask=smask, other=0.0).to(tl.float32)
+        xn = xf * sg[:, :, None] + mu[:, :, None]
+        x = xn * tl.reshape(scale, [NCD, CE])[None, :, :] + tl.reshape(gmin, [NCD, CE])[None, :, :]
+        at, ok = _row_address(body0 + t, t < tp, slots_ptr, block_size, s_block, s_tok, PAGED)
+        tl.store(out + at[:, None, None] + d3 * s_dim, _to_out(x, odt, INTERPRET), mask=m3 & ok[:, None, None])

@@ -1,0 +1,84 @@
+"""Time launch variants of the Lynx Triton kernels on one GPU: ``python -m lynx_npu.gpu.tune``.
+
+For each variant (tile width BD, tokens per decompress program TB, num_warps, and for compress
+the chunk-sum order) it times compress / decompress_full / decompress_anchor on the benchmark
+KV (K and V of [256, 16384, 128] bf16, 2.15 GB), checks that the bytes (or values) equal the
+default variant's, and prints effective GB/s against the device copy. ``--json`` writes it all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from lynx_npu import ops
+from lynx_npu.codec.lynx_config import make_config
+from lynx_npu.eval.bench_kernels import _time, synthetic_kv
+
+from . import launch
+
+COMPRESS = [dict(BD=32, num_warps=8), dict(BD=16, num_warps=4), dict(BD=16, num_warps=8),
+            dict(BD=32, num_warps=16), dict(BD=64, num_warps=16),
+            dict(BD=32, num_warps=8, TREE=False)]
+DECOMPRESS = [dict(TB=32, BD=64, num_warps=4), dict(TB=32, BD=32, num_warps=4),
+              dict(TB=64, BD=64, num_warps=8), dict(TB=32, BD=128, num_warps=4),
+              dict(TB=64, BD=128, num_warps=8), dict(TB=32, BD=64, num_warps=2)]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lynx_npu.gpu.tune")
+    p.add_argument("--heads", type=int, default=256)
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    cfg = make_config()
+    (k, v), = synthetic_kv(1, args.heads, args.tokens, args.head_dim, torch.bfloat16, "cuda")
+    kv_bytes = 2 * k.numel() * k.element_size()
+    ck, cv = torch.empty_like(k), torch.empty_like(v)
+    copy = 2 * kv_bytes / _time(lambda: (ck.copy_(k), cv.copy_(v)), "cuda", args.repeats) / 1e9
+    del ck, cv
+    rows = []
+    print(f"device {torch.cuda.get_device_name()}, copy {copy:.0f} GB/s", flush=True)
+    base = None
+    for var in COMPRESS:
+        launch.TUNING["compress"].update({"BD": None, "num_warps": None, "TREE": True, **var})
+        a, r = ops.compress(k, v, cfg, backend="triton")
+        if base is None:
+            base = (a, r)
+        same = bool(torch.equal(a, base[0]) and torch.equal(r, base[1]))
+        sec = _time(lambda: ops.compress(k, v, cfg, backend="triton"), "cuda", args.repeats)
+        gbps = (kv_bytes + a.numel() + r.numel()) / sec / 1e9
+        rows.append({"op": "compress", **var, "gbps": gbps, "same_bytes": same})
+        print(f"compress {var}: {gbps:.0f} GB/s ({gbps / copy:.0%}), same bytes {same}", flush=True)
+    launch.TUNING["compress"].update({"BD": None, "num_warps": None, "TREE": True})
+    a, r = base
+    ref = None
+    for var in DECOMPRESS:
+        launch.TUNING["decompress"].update({"TB": None, "BD": None, "num_warps": None, **var})
+        for op, res in (("decompress_full", r), ("decompress_anchor", None)):
+            out = ops.decompress(a, res, cfg, k.shape, k.dtype, backend="triton")
+            key = op
+            if ref is None:
+                ref = {}
+            ref.setdefault(key, out)
+            same = bool(torch.equal(out[0], ref[key][0]) and torch.equal(out[1], ref[key][1]))
+            sec = _time(lambda: ops.decompress(a, res, cfg, k.shape, k.dtype, backend="triton"),
+                        "cuda", args.repeats)
+            nbytes = kv_bytes + a.numel() + (r.numel() if res is not None else 0)
+            gbps = nbytes / sec / 1e9
+            rows.append({"op": op, **var, "gbps": gbps, "same_values": same})
+            print(f"{op} {var}: {gbps:.0f} GB/s ({gbps / copy:.0%}), same values {same}",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "copy_gbps": copy,
+                       "shape": [args.heads, args.tokens, args.head_dim], "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""``lynx bench kernels``: compress / decompress bandwidth of the lynx_npu.ops backends.
+
+Per op it reports the effective bandwidth, (bytes read + bytes written) / time, beside the
+device's copy bandwidth measured in the same run the same way (a tensor copy of the KV: its
+bytes read + written). Ops: ``compress`` (KV -> anchor + residual), ``decompress_anchor``
+(anchor -> KV), ``decompress_full`` (anchor + residual -> KV), ``decompress_paged`` (anchor +
+residual -> a paged KV cache: ``vllm_flash_nhd`` on cuda, ``vllm_cpu`` on cpu,
+``vllm_ascend`` on npu, blocks in shuffled order). Each result also carries ``kv_gbps``: KV
+bytes (the uncompressed side) per second, the unit of the CPU target.
+
+Shapes. cpu: SmolLM2-135M, 30 layers x [3 kv heads, 8192 tokens, 64] bf16 (189 MB of K+V),
+one call per layer. cuda / npu: Llama-8B-sized KV of 16K tokens, 65536 channels x 16384
+tokens bf16 (2.15 GB): K and V of [256, 16384, 128], i.e. the 32 layers x 8 kv heads stacked
+along the head axis in one call (layers are independent, so this is the same work as 32 calls);
+``--layers 32 --kv-heads 8`` times the 32 per-layer calls instead.
+The KV is synthetic (Laplacian values with per-channel scales); kernel speed does not depend
+on the values. Timing: device events (cuda) or wall clock (cpu), median of ``--repeats`` after
+warm-up.
+
+JSON (``--json``): {"device": str, "copy_gbps": float, "results": [{"op", "backend", "shape":
+[layers, kv_heads, tokens, head_dim], "gbps", "kv_gbps", "seconds"}], plus "dtype", "config",
+"threads" (cpu)}.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from lynx_npu.codec.lynx_config import make_config
+from lynx_npu import ops
+from lynx_npu.ops.kv_layouts import get_layout
+
+PAGED_LAYOUT = {"cuda": "vllm_flash_nhd", "cpu": "vllm_cpu", "npu": "vllm_ascend"}
+DEFAULT_SHAPE = {"cpu": (30, 3, 8192, 64), "cuda": (1, 256, 16384, 128),
+                 "npu": (1, 256, 16384, 128)}
+BLOCK_SIZE = {"cuda": 16, "cpu": 32, "npu": 128}
+OPS = ("compress", "decompress_anchor", "decompress_full", "decompress_paged")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("cpu", "cuda", "npu"),
+                        help="default: cuda if available, else cpu")
+    parser.add_argument("--backend", default=None,
+                        help="comma-separated backends (default: the device's automatic choice)")
+    parser.add_argument("--json", metavar="OUT.json", help="write the results here")
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--kv-heads", type=int)
+    parser.add_argument("--tokens", type=int)
+    parser.add_argument("--head-dim", type=int)
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument("--preset", default=None, help="lynx config preset (default: default)")
+    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {OPS}")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed repetitions (default 10 on accelerators, 5 on cpu)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _log(message: str) -> None:
+    print(f"[lynx bench kernels] {message}", file=sys.stderr, flush=True)
+
+
+def _sync(device: str) -> None:
+    if device != "cpu":
+        getattr(torch, device).synchronize()
+
+
+def _time(fn, device: str, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of ``fn()`` (device events on accelerators)."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        if device == "cpu":
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        else:
+            mod = getattr(torch, device)
+            start, end = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def synthetic_kv(layers, heads, tokens, head_dim, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(layers):
+        scale = torch.rand(1, 1, head_dim, generator=g) * 4 + 0.1
+        lap = torch.distributions.Laplace(0.0, 1.0)
+        k = (lap.sample((heads, tokens, head_dim)) * scale).to(dtype)
+        v = (torch.randn(heads, tokens, head_dim, generator=g) * 0.5).to(dtype)
+        out.append((k.to(device), v.to(device)))
+    return out
+
+
+def _paged_setup(layout_name, heads, tokens, head_dim, dtype, device, seed):
+    bs = BLOCK_SIZE[device]
+    nblocks = -(-tokens // bs)
+    cache = get_layout(layout_name).allocate(nblocks, bs, heads, head_dim, dtype, device)
+    order = torch.randperm(nblocks, generator=torch.Generator().manual_seed(seed))
+    slots = (order.repeat_interleave(bs) * bs + torch.arange(bs).repeat(nblocks))[:tokens]
+    return cache, slots.to(device)
+
+
+def run(args) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device != "cpu" and not (hasattr(torch, device) and getattr(torch, device).is_available()):
+        _log(f"device {device} is not available here")
+        return 2
+    layers, heads, tokens, head_dim = DEFAULT_SHAPE[device]
+    layers = args.layers or layers
+    heads, tokens, head_dim = args.kv_heads or heads, args.tokens or tokens, args.head_dim or head_dim
+    dtype = getattr(torch, args.dtype)
+    cfg = make_config(args.preset)
+    repeats = args.repeats or (5 if device == "cpu" else 10)
+    want_ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    for o in want_ops:
+        if o not in OPS:
+            raise ValueError(f"unknown op {o!r}; ops: {', '.join(OPS)}")
+    shape = [layers, heads, tokens, head_dim]
+    _log(f"device {device}, shape {shape} {args.dtype}, config {cfg}")
+    kv = synthetic_kv(layers, heads, tokens, head_dim, dtype, device, args.seed)
+    kv_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in kv)
+    copies = [(torch.empty_like(k), torch.empty_like(v)) for k, v in kv]
+
+    def copy_all():
+        for (k, v), (ck, cv) in zip(kv, copies):
+            ck.copy_(k)
+            cv.copy_(v)
+
+    copy_gbps = 2 * kv_bytes / _time(copy_all, device, repeats) / 1e9
+    _log(f"copy {copy_gbps:.1f} GB/s (read + write)")
+    del copies
+    backends = args.backend.split(",") if args.backend else [None]
+    results = []
+    for backend in backends:
+        name = ops.backend_for(device, cfg, heads, head_dim, dtype, backend)
+        streams = [ops.compress(k, v, cfg, backend=backend) for k, v in kv]
+        a_bytes = sum(a.numel() for a, _ in streams)
+        r_bytes = sum(r.numel() for _, r in streams)
+        paged = [_paged_setup(PAGED_LAYOUT[device], heads, tokens, head_dim, dtype, device,
+                              args.seed + i) for i in range(layers)] \
+            if "decompress_paged" in want_ops else []
+        layout = PAGED_LAYOUT[device]
+        jobs = {
+            "compress": (lambda: [ops.compress(k, v, cfg, backend=backend) for k, v in kv],
+                         kv_bytes + a_bytes + r_bytes),
+            "decompress_anchor": (lambda: [ops.decompress(a, None, cfg, k.shape, dtype,
+                                                          backend=backend)
+                                           for (a, _), (k, _) in zip(streams, kv)],
+                                  a_bytes + kv_bytes),
+            "decompress_full": (lambda: [ops.decompress(a, r, cfg, k.shape, dtype,
+                                                        backend=backend)
+                                         for (a, r), (k, _) in zip(streams, kv)],
+                                a_bytes + r_bytes + kv_bytes),
+            "decompress_paged": (lambda: [ops.decompress_paged(a, r, cfg, tokens, cache, slots,
+                                                               layout, backend=backend)
+                                          for (a, r), (cache, slots) in zip(streams, paged)],
+                                 a_bytes + r_bytes + kv_bytes),
+        }
+        for op in want_ops:
+            fn, nbytes = jobs[op]
+            sec = _time(fn, device, repeats)
+            res = {"op": op, "backend": name, "shape": shape, "gbps": nbytes / sec / 1e9,
+                   "kv_gbps": kv_bytes / sec / 1e9, "seconds": sec}
+            results.append(res)
+            _log(f"{name:8s} {op:18s} {res['gbps']:8.2f} GB/s ({res['gbps'] / copy_gbps:6.1%} of "
+                 f"copy), KV {res['kv_gbps']:.2f} GB/s, {sec * 1e3:.2f} ms")
+    out = {"device": _device_name(device), "copy_gbps": copy_gbps, "results": results,
+           "dtype": args.dtype, "config": dataclasses.asdict(cfg)}
+    if device == "cpu":
+        out["threads"] = torch.get_num_threads()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        return f"cuda: {torch.cuda.get_device_name()}"
+    if device == "cpu":
+        import platform
+        try:
+            with open("/proc/cpuinfo") as f:
+                model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+        except OSError:
+            model = platform.processor()
+        return f"cpu: {model or platform.machine()} ({torch.get_num_threads()} threads)"
+    return device
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="lynx bench kernels", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The ``triton`` backend (gpu/) against the reference codec, on a GPU or Triton's interpreter.
+
+On a CUDA machine the kernels run compiled; elsewhere they run under TRITON_INTERPRET=1 (CI
+sets it) on CPU tensors with small shapes. Same checks as tests/ops/test_cpu_kernel.py: bytes
+equal to the reference with the kernels' chunk-sum order (and bounded against the official
+one), decompression equal to the reference decoder, poisoned outputs, every paged layout,
+pages on their own, and streams interchangeable with the cpu backend.
+"""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed (pip install 'lynx_npu[triton]')", allow_module_level=True)
+CUDA = torch.cuda.is_available()
+if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no CUDA device; set TRITON_INTERPRET=1 to run the Triton kernels on the CPU "
+                "interpreter (ci/test.sh does)", allow_module_level=True)
+
+from lynx_npu import ops  # noqa: E402
+from lynx_npu.codec.lynx_config import LynxConfig  # noqa: E402
+from lynx_npu.ops import KV_CACHE_LAYOUTS  # noqa: E402
+
+from ..ops.parity import (assert_values_within_one_step, assert_within_bounds, codec,  # noqa: E402
+                          compare_streams, exact_kv, random_kv, reference_streams)
+from ..ops.test_cpu_kernel import check_pages, check_paged  # noqa: E402
+
+DEVICE = "cuda" if CUDA else "cpu"
+SPLITS = [2, 3, 4, 6]
+# The interpreter is slow: small pages and heads there, the default config on a GPU.
+SMALL = dict(page_size=64, chunk_size=16) if not CUDA else {}
+SIZES = [1, 31, 33, 150] if not CUDA else [1, 31, 257, 1000, 4100]
+HEADS, HEAD_DIM = (1, 32) if not CUDA else (4, 128)
+
+
+def config(anchor_bits=4, v_axis="token", sinks=4, **kw):
+    return LynxConfig(anchor_bits=anchor_bits, v_axis=v_axis,
+                      k_axis="token" if v_axis == "channel" else "channel",
+                      num_sink_tokens=sinks, **{**SMALL, **kw})
+
+
+def poisoned_compress(k, v, cfg):
+    p = ops.layer_plan(cfg, *k.shape, k.dtype)
+    outs = []
+    for fill in (0x00, 0xFF):
+        a = torch.full((p.anchor_nbytes,), fill, dtype=torch.uint8, device=k.device)
+        r = torch.full((p.residual_nbytes,), fill, dtype=torch.uint8, device=k.device)
+        outs.append(ops.compress(k, v, cfg, backend="triton", out=(a, r)))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), \
+        "some output bytes are not written"
+    return outs[0][0].cpu(), outs[0][1].cpu()
+
+
+CASES = [(ab, axis, sinks, dtype)
+         for ab in SPLITS for axis in ("channel", "token") for sinks in (0, 4)
+         for dtype in (torch.bfloat16, torch.float16)
+         if (ab + (axis == "token") + sinks // 4 + (dtype == torch.float16)) % 2 == 0]
+
+
+@pytest.mark.parametrize("anchor_bits,v_axis,sinks,dtype", CASES)
+def test_compress_bytes(anchor_bits, v_axis, sinks, dtype):
+    cfg = config(anchor_bits, v_axis, sinks)
+    for t in SIZES:
+        k, v = random_kv(HEADS, t, HEAD_DIM, dtype, seed=t)
+        got = poisoned_compress(k.to(DEVICE), v.to(DEVICE), cfg)
+        tree = reference_streams(cfg, k, v, tree=True)
+        assert torch.equal(got[0], tree[0]) and torch.equal(got[1], tree[1]), f"{t} tokens"
+        want = reference_streams(cfg, k, v)
+        stats = compare_streams(cfg, k.shape, dtype, got, want)
+        assert_within_bounds(stats)
+        if stats["code_diff_values"]:
+            assert_values_within_one_step(cfg, k.shape, dtype, got, want)
+
+
+def test_compress_equals_official_reference_on_exact_sums():
+    cfg = config(4, "token", 4)
+    k, v = exact_kv(cfg, 2, 140, HEAD_DIM, torch.bfloat16, seed=3)
+    got = ops.compress(k.to(DEVICE), v.to(DEVICE), cfg, backend="triton")
+    want = reference_streams(cfg, k, v)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+@pytest.mark.parametrize("anchor_bits,v_axis,dtype", [
+    (2, "channel", torch.bfloat16), (3, "token", torch.float16), (4, "token", torch.bfloat16),
+    (6, "channel", torch.float16), (4, "channel", torch.float32)])
+def test_decompress_equals_reference(anchor_bits, v_axis, dtype):
+    cfg = config(anchor_bits, v_axis, 4)
+    for t in SIZES[:3] + SIZES[-1:]:
+        k, v = random_kv(HEADS, t, HEAD_DIM, dtype, seed=t)
+        a, r = reference_streams(cfg, k, v)
+        enc = codec(cfg)._wrap(tuple(k.shape), dtype, a, r)
+        for stage, res in (("anchor", None), ("full", r)):
+            out = tuple(torch.full(k.shape, float("nan"), dtype=dtype, device=DEVICE) for _ in "kv")
+            gk, gv = ops.decompress(a.to(DEVICE), res.to(DEVICE) if res is not None else None,
+                                    cfg, k.shape, dtype, backend="triton", out=out)
+            wk, wv = codec(cfg).decode(enc, stage)
+            assert torch.equal(gk.cpu(), wk) and torch.equal(gv.cpu(), wv), (t, stage)
+
+
+@pytest.mark.parametrize("layout", sorted(KV_CACHE_LAYOUTS))
+def test_decompress_paged_every_layout(layout):
+    check_paged(layout, "full", "triton", DEVICE, h=HEADS, t=90 if not CUDA else 1000,
+                d=HEAD_DIM)
+
+
+def test_decompress_each_page_alone():
+    check_pages("full", "triton", DEVICE, h=HEADS, t=300 if not CUDA else 1100, d=HEAD_DIM)
+
+
+def test_streams_interchange_with_the_cpu_backend():
+    if ops.list_backends()["cpu"]:
+        pytest.skip(f"cpu backend unavailable: {ops.list_backends()['cpu']}")
+    cfg = config()
+    k, v = random_kv(HEADS, 200, HEAD_DIM, torch.bfloat16, seed=9)
+    ta, tr = ops.compress(k.to(DEVICE), v.to(DEVICE), cfg, backend="triton")
+    ca, cr = ops.compress(k, v, cfg, backend="cpu")
+    assert torch.equal(ta.cpu(), ca) and torch.equal(tr.cpu(), cr)  # same order, same bytes
+    for res_t, res_c in ((None, None), (tr, cr)):
+        tk, tv = ops.decompress(ca.to(DEVICE), res_c.to(DEVICE) if res_c is not None else None,
+                                cfg, k.shape, k.dtype, backend="triton")
+        ck, cv = ops.decompress(ta.cpu(), res_t.cpu() if res_t is not None else None, cfg,
+                                k.shape, k.dtype, backend="cpu")
+        assert torch.equal(tk.cpu(), ck) and torch.equal(tv.cpu(), cv)

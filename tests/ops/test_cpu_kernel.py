@@ -1,0 +1,177 @@
+"""The ``cpu`` backend (JIT-built C++ kernel) against the reference codec.
+
+Bytes: equal to the reference with the kernels' chunk-sum order (tree_reference.py) for every
+size, split, axis, sink count and dtype; equal to the official reference on exact-sum inputs;
+within the documented bounds of it on real-looking inputs. Values: decompression of reference
+streams equals the reference decoder bit for bit, dense, paged (every layout) and per page.
+Every output buffer is poisoned first, so an unwritten byte fails the test.
+"""
+import pytest
+import torch
+
+from lynx_npu import ops
+from lynx_npu.codec.lynx_config import LynxConfig
+from lynx_npu.ops import KV_CACHE_LAYOUTS
+from lynx_npu.ops.kv_layouts import resolve, target_view
+
+from .parity import (assert_values_within_one_step, assert_within_bounds, codec, compare_streams,
+                     exact_kv, random_kv, reference_streams)
+
+RAGGED = [1, 31, 33, 255, 257, 1000]
+SPLITS = [2, 3, 4, 6]
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_backend():
+    why = ops.list_backends()["cpu"]
+    if why:
+        pytest.skip(f"cpu backend unavailable: {why}")
+
+
+def config(anchor_bits=4, v_axis="token", sinks=4, **kw):
+    return LynxConfig(anchor_bits=anchor_bits, v_axis=v_axis,
+                      k_axis="token" if v_axis == "channel" else "channel",
+                      num_sink_tokens=sinks, **kw)
+
+
+def poisoned_compress(k, v, cfg, backend="cpu"):
+    """Compress into buffers pre-filled with 0x00, then 0xFF: both must give the same bytes."""
+    p = ops.layer_plan(cfg, k.shape[0], k.shape[1], k.shape[2], k.dtype)
+    outs = []
+    for fill in (0x00, 0xFF):
+        a = torch.full((p.anchor_nbytes,), fill, dtype=torch.uint8, device=k.device)
+        r = torch.full((p.residual_nbytes,), fill, dtype=torch.uint8, device=k.device)
+        outs.append(ops.compress(k, v, cfg, backend=backend, out=(a, r)))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), \
+        "some output bytes are not written"
+    return outs[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sinks", [0, 4])
+@pytest.mark.parametrize("v_axis", ["channel", "token"])
+@pytest.mark.parametrize("anchor_bits", SPLITS)
+def test_compress_bytes(anchor_bits, v_axis, sinks, dtype):
+    cfg = config(anchor_bits, v_axis, sinks)
+    for t in RAGGED:
+        k, v = random_kv(2, t, 32, dtype, seed=t)
+        got = poisoned_compress(k, v, cfg)
+        tree = reference_streams(cfg, k, v, tree=True)
+        assert torch.equal(got[0], tree[0]) and torch.equal(got[1], tree[1]), f"{t} tokens"
+        stats = compare_streams(cfg, k.shape, dtype, got, reference_streams(cfg, k, v))
+        assert_within_bounds(stats)
+        if stats["code_diff_values"]:
+            assert_values_within_one_step(cfg, k.shape, dtype, got, reference_streams(cfg, k, v))
+
+
+@pytest.mark.parametrize("anchor_bits", SPLITS)
+def test_compress_bytes_equal_official_reference_on_exact_sums(anchor_bits):
+    cfg = config(anchor_bits, "token", 4, page_size=64, chunk_size=16)
+    for t in (5, 64, 200):
+        k, v = exact_kv(cfg, 3, t, 48, torch.bfloat16, seed=t)
+        got = ops.compress(k, v, cfg, backend="cpu")
+        want = reference_streams(cfg, k, v)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_strided_input():
+    cfg = config()
+    kv = torch.randn(300, 2, 3, 32).to(torch.bfloat16)  # [T, 2, H, D], as an engine holds it
+    k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)
+    got = ops.compress(k, v, cfg, backend="cpu")
+    want = reference_streams(cfg, k.contiguous(), v.contiguous(), tree=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float32])
+@pytest.mark.parametrize("v_axis", ["channel", "token"])
+@pytest.mark.parametrize("anchor_bits", SPLITS)
+def test_decompress_equals_reference(anchor_bits, v_axis, dtype):
+    cfg = config(anchor_bits, v_axis, 4)
+    for t in (1, 33, 257):
+        k, v = random_kv(2, t, 32, dtype, seed=t)
+        a, r = reference_streams(cfg, k, v)
+        enc = codec(cfg)._wrap(tuple(k.shape), dtype, a, r)
+        for stage, res in (("anchor", None), ("full", r)):
+            out = (torch.full_like(k, float("nan")), torch.full_like(v, float("nan")))
+            gk, gv = ops.decompress(a, res, cfg, k.shape, dtype, backend="cpu", out=out)
+            wk, wv = codec(cfg).decode(enc, stage)
+            assert torch.equal(gk, wk) and torch.equal(gv, wv), (t, stage)
+
+
+def _slots(num_tokens, num_blocks, block_size, seed):
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(num_blocks, generator=g)
+    slots = (order.repeat_interleave(block_size) * block_size
+             + torch.arange(block_size).repeat(num_blocks))[:num_tokens].clone()
+    slots[::7] = -1  # padding tokens: skipped
+    return slots
+
+
+@pytest.mark.parametrize("layout", sorted(KV_CACHE_LAYOUTS))
+@pytest.mark.parametrize("stage", ["anchor", "full"])
+def test_decompress_paged_every_layout(layout, stage, backend="cpu", device="cpu"):
+    check_paged(layout, stage, backend, device)
+
+
+def check_paged(layout, stage, backend, device, h=2, t=300, d=32, dtype=torch.bfloat16):
+    cfg = config()
+    k, v = random_kv(h, t, d, dtype, seed=1)
+    a, r = reference_streams(cfg, k, v)
+    wk, wv = codec(cfg).decode(codec(cfg)._wrap((h, t, d), dtype, a, r), stage)
+    bs, nb = 16, -(-t // 16) + 3
+    lay = KV_CACHE_LAYOUTS[layout]
+    cache = lay.allocate(nb, bs, h, d, dtype, device, fill=-7.0)
+    slots = _slots(t, nb, bs, seed=2)
+    ops.decompress_paged(a.to(device), r.to(device) if stage == "full" else None, cfg, t, cache,
+                         slots.to(device), layout, backend=backend)
+    rc = resolve(layout, cache)
+    for tgt, want in ((rc.k, wk), (rc.v, wv)):
+        view = target_view(tgt, nb, bs, h, d).cpu()
+        flat = view.reshape(nb * bs, h, d)
+        keep = slots >= 0
+        assert torch.equal(flat[slots[keep]], want.transpose(0, 1)[keep])
+        untouched = torch.ones(nb * bs, dtype=torch.bool)
+        untouched[slots[keep]] = False
+        assert bool((flat[untouched] == -7.0).all()), "a slot outside slot_mapping was written"
+
+
+@pytest.mark.parametrize("stage", ["anchor", "full"])
+def test_decompress_each_page_alone(stage, backend="cpu", device="cpu"):
+    check_pages(stage, backend, device)
+
+
+def check_pages(stage, backend, device, h=2, t=600, d=32, dtype=torch.float16):
+    cfg = config()
+    k, v = random_kv(h, t, d, dtype, seed=3)
+    c = codec(cfg)
+    enc = c.encode(k, v)
+    wk, wv = c.decode(enc, stage)
+    for page in c.encode_pages(k, v):
+        gk, gv = ops.decompress_page(page.anchor.to(device),
+                                     page.residual.to(device) if stage == "full" else None, cfg,
+                                     page.token_start, page.token_end, num_kv_heads=h,
+                                     head_dim=d, dtype=dtype, backend=backend)
+        s = slice(page.token_start, page.token_end)
+        assert torch.equal(gk.cpu(), wk[:, s]) and torch.equal(gv.cpu(), wv[:, s])
+        # the same page straight into a paged cache (vLLM-Ascend layout)
+        n = page.token_end - page.token_start
+        kc, vc = KV_CACHE_LAYOUTS["vllm_ascend"].allocate(-(-n // 16), 16, h, d, dtype, device,
+                                                          fill=0.0)
+        ops.decompress_page_paged(page.anchor.to(device),
+                                  page.residual.to(device) if stage == "full" else None, cfg,
+                                  page.token_start, page.token_end, (kc, vc),
+                                  torch.arange(n, device=device), "vllm_ascend", backend=backend)
+        assert torch.equal(kc.reshape(-1, h, d)[:n].cpu(), wk[:, s].transpose(0, 1))
+        assert torch.equal(vc.reshape(-1, h, d)[:n].cpu(), wv[:, s].transpose(0, 1))
+
+
+def test_roundtrip_interchange_with_torch_backend():
+    cfg = config()
+    k, v = random_kv(3, 700, 64, torch.bfloat16, seed=5)
+    a, r = ops.compress(k, v, cfg, backend="cpu")
+    for stage, res in (("anchor", None), ("full", r)):
+        ck = ops.decompress(a, res, cfg, k.shape, k.dtype, backend="cpu")
+        tk = ops.decompress(a, res, cfg, k.shape, k.dtype, backend="torch")
+        assert torch.equal(ck[0], tk[0]) and torch.equal(ck[1], tk[1])

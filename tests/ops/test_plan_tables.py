@@ -1,0 +1,54 @@
+"""Page plans agree with the byte layout; the kernels' code lookup equals searchsorted."""
+import pytest
+import torch
+
+from lynx_npu.codec import lynx_tables
+from lynx_npu.codec.lynx_config import LynxConfig
+from lynx_npu.codec.lynx_layout import page_layout, page_spans
+from lynx_npu.ops import plan as P
+from lynx_npu.ops.tables import codes_via_buckets, quant_tables
+
+
+@pytest.mark.parametrize("t", [1, 4, 5, 255, 257, 1000])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_plan_rows_match_page_layout(t, dtype):
+    cfg = LynxConfig(page_size=128, chunk_size=32, num_sink_tokens=4)
+    h, d = 3, 40
+    plan = P.layer_plan(cfg, h, t, d, dtype)
+    a_off = r_off = 0
+    for row, span in zip(plan.table.tolist(), page_spans(cfg, t)):
+        lay = page_layout(cfg, h, d, dtype, span.num_tokens, span.num_sink)
+        assert row[P.F_TOKEN0] == span.token_start and row[P.F_NUM_BODY] == span.num_tokens
+        for s in lay.anchor:
+            assert row[P.F_SECTION + P.SECTIONS.index(s.name)] == a_off + s.offset
+        for s in lay.residual:
+            assert row[P.F_SECTION + P.SECTIONS.index(s.name)] == r_off + s.offset
+        pads = sum(row[P.F_PADS + 2 * i + 1] for i in range(P.NUM_PADS))
+        used = sum(s.nbytes for s in lay.anchor + lay.residual)
+        assert pads + used == lay.anchor_nbytes + lay.residual_nbytes
+        a_off += lay.anchor_nbytes
+        r_off += lay.residual_nbytes
+    assert (plan.anchor_nbytes, plan.residual_nbytes) == (a_off, r_off)
+
+
+def test_page_plan_counts_from_the_page():
+    cfg = LynxConfig(num_sink_tokens=4)
+    p0 = P.page_plan(cfg, 2, 64, torch.bfloat16, 0, 260)
+    p1 = P.page_plan(cfg, 2, 64, torch.bfloat16, 260, 516)
+    assert p0.table[0, P.F_NUM_SINK] == 4 and p1.table[0, P.F_NUM_SINK] == 0
+    assert p1.table[0, P.F_TOKEN0] == 0 and p1.token_offset == 260
+    with pytest.raises(ValueError, match="page_size"):
+        P.page_plan(cfg, 2, 64, torch.bfloat16, 260, 1000)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 3.0, 255.0, 1e5])
+@pytest.mark.parametrize("anchor_bits", [2, 3, 4, 6, 7])
+def test_bucket_lookup_is_searchsorted(alpha, anchor_bits):
+    cfg = LynxConfig(anchor_bits=anchor_bits, alpha_k=alpha)
+    thr = lynx_tables.thresholds(alpha, cfg.y_max)
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.rand(50000, generator=g) * 1.001, torch.rand(20000, generator=g) * 1e-3,
+                   thr, torch.nextafter(thr, torch.zeros(1)), torch.nextafter(thr, torch.ones(1)),
+                   torch.tensor([0.0, 1.0, 1.0004, 3.0])])
+    want = torch.searchsorted(thr, x, right=True)
+    assert torch.equal(codes_via_buckets(x, quant_tables(alpha, cfg.y_max)), want)
