@@ -16,6 +16,7 @@ import time
 from .codec_specs import select_codecs
 from .evaluate import CodecResult, evaluate_codec
 from .kv_source import add_capture_arguments, capture_from_args
+from .ops_codec import add_backend_argument, with_backend
 from .progress import log
 
 
@@ -27,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: every registered codec")
     parser.add_argument("--codec-arg", action="append", default=[], metavar="CODEC:KEY=VALUE",
                         help="override a codec parameter, e.g. lynx:alpha_k=3 (repeatable)")
+    add_backend_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
     t_start = time.perf_counter()
     specs = select_codecs(args.codecs, args.codec_arg, lynx_npu.list_codecs())
-    codecs = [(s.label, s.build()) for s in specs]  # bad parameters fail before the capture
+    # Bad parameters fail here, before the model is loaded.
+    codecs = [(s.label, with_backend(s.build(), args.lynx_backend)) for s in specs]
     kv = capture_from_args(args)
     results: list[CodecResult] = []
     for label, codec in codecs:

@@ -20,6 +20,7 @@ import time
 from .codec_specs import parse_value
 from .evaluate import evaluate_codec
 from .kv_source import add_capture_arguments, capture_from_args
+from .ops_codec import add_backend_argument, with_backend
 from .progress import log
 
 # parameter -> (command-line flag, default values)
@@ -41,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a base lynx parameter (repeatable)")
     parser.add_argument("--sweep", default=",".join(SWEEPS),
                         help=f"parameters to sweep (default all: {','.join(SWEEPS)})")
+    add_backend_argument(parser)
     for param, (flag, default) in SWEEPS.items():
         parser.add_argument(flag, dest=f"values_{param}", default=default,
                             help=f"values of {param} (default {default})")
@@ -74,13 +76,14 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     base, plan = sweep_plan(args)
     kv = capture_from_args(args)
-    base_params = lynx_npu.get_codec("lynx", **base).params()
+    base_params = with_backend(lynx_npu.get_codec("lynx", **base), args.lynx_backend).params()
     cache: dict[str, dict] = {}   # params JSON -> point result: shared configurations run once
     points = []
     total = sum(len(v) for v in plan.values())
     for param, values in plan.items():
         for value in values:
-            codec = lynx_npu.get_codec("lynx", **{**base, param: value})
+            codec = with_backend(lynx_npu.get_codec("lynx", **{**base, param: value}),
+                                 args.lynx_backend)
             key = json.dumps(codec.params(), sort_keys=True)
             label = f"{param}={value}"
             if key not in cache:
