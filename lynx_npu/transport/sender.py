@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..codec import EncodedPage
-from ..wire import (DTYPE_CODES, Frame, Kind, WireError, pack_header,
+from ..wire import (DATA_KINDS, DTYPE_CODES, Frame, Kind, WireError, pack_header,
                     params_to_json)
 from ..wire.limits import DEFAULT_LIMITS
 from .config import SenderConfig
@@ -222,7 +222,7 @@ class Sender:
             raise ValueError("each layer must be (k, v) tensors [num_kv_heads, num_tokens, "
                              "head_dim]")
         meta = self._meta(codec, len(layers), k0.shape[1], k0.shape[0], k0.shape[2], k0.dtype)
-        return self._submit(request_id, meta, ((i, codec.encode_pages(*layers[i]))
+        return self._submit(request_id, meta, ((i, codec.encode_pages(*layers[i]), DATA_KINDS)
                                                for i in range(len(layers))), deadline_s)
 
     def send_encoded(self, request_id: int, codec, pages: Sequence[Sequence[EncodedPage]], *,
@@ -233,7 +233,11 @@ class Sender:
         if not isinstance(pages, Sequence) or len(pages) == 0:
             raise ValueError("pages must be a non-empty sequence (one list per layer)")
         meta = self._meta(codec, len(pages), num_tokens, num_kv_heads, head_dim, dtype)
-        return self._submit(request_id, meta, enumerate(pages), deadline_s)
+        # Everything is known already: queue every anchor frame before any residual frame, so
+        # a writer that outruns the queueing never sends a residual while anchors are to come.
+        passes = [(i, layer, (Kind.ANCHOR,)) for i, layer in enumerate(pages)]
+        passes += [(i, layer, (Kind.RESIDUAL,)) for i, layer in enumerate(pages)]
+        return self._submit(request_id, meta, passes, deadline_s)
 
     @contextlib.contextmanager
     def paused(self):
@@ -299,10 +303,10 @@ class Sender:
                     return
                 handle, meta, layer_pages = self._jobs.pop(0)
             try:
-                for layer, pages in layer_pages:
+                for layer, pages, kinds in layer_pages:
                     if handle.done.settled():
                         break
-                    self._enqueue_layer(handle, meta, layer, pages)
+                    self._enqueue_layer(handle, meta, layer, pages, kinds)
             except Exception as e:  # bad KV or a codec error: the request fails, loudly
                 error = TransferError(f"request {handle.request_id}: encoding failed: {e}")
                 error.__cause__ = e
@@ -313,11 +317,11 @@ class Sender:
             handle.queued.set()
             self._check_progress(handle)
 
-    def _enqueue_layer(self, handle: SendHandle, meta: dict, layer: int, pages) -> None:
+    def _enqueue_layer(self, handle: SendHandle, meta: dict, layer: int, pages, kinds) -> None:
         out = []
         for page in pages:
             for kind, data in ((Kind.ANCHOR, page.anchor), (Kind.RESIDUAL, page.residual)):
-                if data is None:
+                if data is None or kind not in kinds:
                     continue
                 payload = memoryview(data.contiguous().numpy()).cast("B")
                 frame = Frame(kind, handle.request_id, layer, meta["num_layers"], page.index,

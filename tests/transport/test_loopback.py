@@ -94,9 +94,12 @@ def test_send_encoded_and_async_waiters():
         await asyncio.wait_for(sent, WAIT)
         return handle
 
-    with pair() as (receiver, sender, _):
+    with pair(sender_kw={"gbps": 0.1}) as (receiver, sender, _):
         handle = asyncio.run(main(receiver, sender))
         assert_kv_equal(handle, expected_kv(codec, layers))
+    # pre-encoded: every anchor frame is queued before any residual, so none overtakes one
+    kinds = [kind for _, kind, *_ in handle.arrivals]
+    assert kinds == sorted(kinds)
 
 
 def test_contradicting_frames_fail_the_request_on_both_sides():
