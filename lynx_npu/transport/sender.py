@@ -331,6 +331,9 @@ class Sender:
                 header = pack_header(frame)
                 out.append(_OutFrame((handle.request_id, int(kind), layer, page.index), header,
                                      payload, len(header) + payload.nbytes))
+                # Hand the GIL to a waiting writer now rather than after the interpreter's
+                # 5 ms switch interval: at 1 Gbps a frame is due every ~0.5 ms.
+                time.sleep(0)
         with self._lock:
             if handle.done.settled():
                 return
