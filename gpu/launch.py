@@ -8,6 +8,7 @@ Every launch passes ``enable_fp_fusion=False``: the reference rounds each multip
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -54,16 +55,19 @@ def _blocks(cfg, head_dim: int, which: str) -> dict:
 
 
 def _decode_blocks(cfg, head_dim: int, which: str) -> dict:
-    """Decompress tiles: TB tokens (whole chunks on the channel axis) x BD channels."""
+    """Decompress tiles follow the chunks: channel axis: TB = C tokens x BD channels; token
+    axis: TB tokens x BD = one chunk of head_dim (min(C, head_dim rounded up to a power of 2))."""
     b = _blocks(cfg, head_dim, which)
     tune = TUNING["decompress"]
-    tb = tune["TB"] or 32
-    tb = min(max(tb, b["C"]) if not b["TOKEN_AXIS"] else tb, b["BT"])
-    bd = b["BD"] if b["TOKEN_AXIS"] else max(8, min(64, _pow2(head_dim)))
-    if tune["BD"] and (not b["TOKEN_AXIS"] or tune["BD"] % b["CE"] == 0):
-        bd = tune["BD"]
-    return dict(b, TB=tb, NTB=b["BT"] // tb, BD=bd, num_dt=triton.cdiv(head_dim, bd),
-                num_warps=tune["num_warps"] or 4)
+    c = cfg.chunk_size
+    if b["TOKEN_AXIS"]:
+        bd = min(c, _pow2(head_dim))
+        tb = min(tune["TB"] or max(8, 2048 // bd), b["BT"])
+    else:
+        tb = c
+        bd = tune["BD"] or max(8, min(_pow2(head_dim), 2048 // c))
+    return {"TOKEN_AXIS": b["TOKEN_AXIS"], "TB": tb, "NTB": triton.cdiv(b["BT"], tb), "BD": bd,
+            "C": c, "num_dt": triton.cdiv(head_dim, bd), "num_warps": tune["num_warps"] or 4}
 
 
 def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
@@ -82,6 +86,10 @@ def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
             return f"a [{b['BT']}, {b['BD']}] tile exceeds {MAX_TILE} values (page_size/chunk_size)"
         if not b["TOKEN_AXIS"] and c > b["BT"]:
             return f"chunk_size={c} exceeds the page"
+        if b["TOKEN_AXIS"] and min(c, _pow2(head_dim)) < 8:
+            return f"chunk_size={c} along head_dim must be >= 8 (byte-aligned packed rows)"
+        if not b["TOKEN_AXIS"] and c * 8 > MAX_TILE:
+            return f"chunk_size={c} too large for a decompress tile"
     return None
 
 
@@ -110,7 +118,7 @@ def _views(anchor: torch.Tensor, dtype: torch.dtype):
 
 def _common(cfg, blk, es, which_index) -> dict:
     return dict(WHICH=which_index, TOKEN_AXIS=blk["TOKEN_AXIS"], BD=blk["BD"],
-                C=blk["C"], CE=blk["CE"], BS=_pow2(cfg.num_sink_tokens), ES=es,
+                C=blk["C"], BS=_pow2(cfg.num_sink_tokens), ES=es,
                 A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits,
                 num_warps=blk["num_warps"], enable_fp_fusion=False)
 
@@ -131,12 +139,13 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
     for wi, (which, x) in enumerate((("k", k), ("v", v))):
         blk = _blocks(cfg, plan.head_dim, which)
         t = tabs[which]
-        grid = (plan.num_pages, plan.num_kv_heads, blk["num_dt"])
+        grid = (plan.num_pages * blk["num_dt"], plan.num_kv_heads)
         lynx_compress_kernel[grid](
             x, *x.stride(), a8, akv, a16, res_arg, table,
             tabs["thresholds"][wi], tabs["bucket"][wi], t.shift, t.key_lo,
-            plan.num_kv_heads, plan.head_dim,
-            BT=blk["BT"], BIAS=cfg.bias, PROBES=t.num_probes, TREE=TUNING["compress"]["TREE"],
+            plan.num_kv_heads, plan.head_dim, blk["num_dt"],
+            BT=blk["BT"], CE=blk["CE"], BIAS=cfg.bias, PROBES=t.num_probes,
+            TREE=TUNING["compress"]["TREE"],
             **_common(cfg, blk, es, wi))
     return anchor, residual
 
@@ -155,13 +164,14 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
     slots = dest.slot_mapping if dest.slot_mapping is not None else table
     for wi, (which, tgt) in enumerate((("k", dest.k), ("v", dest.v))):
         blk = _decode_blocks(cfg, plan.head_dim, which)
-        grid = (plan.num_pages * blk["NTB"], plan.num_kv_heads, blk["num_dt"])
+        grid = (plan.num_pages * blk["NTB"] * blk["num_dt"], plan.num_kv_heads)
+        align = math.gcd(tgt.s_block, tgt.s_token, 16) if tgt.s_dim == 1 else 1
         lynx_decompress_kernel[grid](
             a8, akv, a16, r8, table, tabs["levels"][wi],
             tgt.tensor, tgt.offset, tgt.s_block, tgt.s_token, tgt.s_head, tgt.s_dim,
-            dest.block_size, slots, plan.num_kv_heads, plan.head_dim,
+            dest.block_size, slots, plan.num_kv_heads, plan.head_dim, blk["num_dt"],
             YMAX=cfg.y_max, HAS_RES=residual is not None, PAGED=dest.slot_mapping is not None,
-            INTERPRET=interpreting(), NTB=blk["NTB"], TB=blk["TB"],
+            INTERPRET=interpreting(), NTB=blk["NTB"], TB=blk["TB"], ALIGN=align,
             **_common(cfg, blk, es, wi))
 
 

@@ -94,6 +94,45 @@ def pack_store(vals, out_ptr, row_byte, mask_rows, ncols, R: tl.constexpr, BD: t
 
 
 @triton.jit
+def unpack_rows(ptr, row_byte, mask_rows, ncols, R: tl.constexpr, BD: tl.constexpr,
+                BITS: tl.constexpr):
+    """Signed BITS-bit codes [R, BD]: row r holds BD consecutive stream values from byte
+    ``row_byte[r]`` (byte aligned); values past ``ncols`` read as 0. Each byte is loaded once:
+    bytes, then bit fields (8 values per BITS bytes when BITS does not divide 8)."""
+    if 8 % BITS == 0:
+        PER: tl.constexpr = 8 // BITS
+        j = tl.arange(0, BD // PER)
+        b = tl.load(ptr + row_byte[:, None] + j[None, :],
+                    mask=mask_rows[:, None] & (j * PER < ncols)[None, :], other=0).to(tl.int32)
+        sh = tl.arange(0, PER) * BITS
+        v = tl.reshape((b[:, :, None] >> sh[None, None, :]) & ((1 << BITS) - 1), [R, BD])
+    else:
+        g = tl.arange(0, BD // 8)
+        j = tl.arange(0, 8)
+        off = row_byte[:, None, None] + (g * BITS)[None, :, None] + j[None, None, :]
+        m = mask_rows[:, None, None] & (g * 8 < ncols)[None, :, None] & (j < BITS)[None, None, :]
+        b = tl.load(ptr + off, mask=m, other=0).to(tl.int64)
+        word = tl.sum(b << (j.to(tl.int64) * 8)[None, None, :], axis=2)
+        sh = tl.arange(0, 8).to(tl.int64) * BITS
+        v = tl.reshape(((word[:, :, None] >> sh[None, None, :]) & ((1 << BITS) - 1)).to(tl.int32),
+                       [R, BD])
+    half: tl.constexpr = 1 << (BITS - 1)
+    return (v ^ half) - half
+
+
+@triton.jit
+def minmax(x, mask, axis: tl.constexpr):
+    """(min, max) of x over ``axis`` where mask, in one reduction."""
+    return tl.reduce((tl.where(mask, x, float("inf")), tl.where(mask, x, float("-inf"))), axis,
+                     minmax_combine)
+
+
+@triton.jit
+def minmax_combine(a_lo, a_hi, b_lo, b_hi):
+    return tl.minimum(a_lo, b_lo), tl.maximum(a_hi, b_hi)
+
+
+@triton.jit
 def unpack_load(in_ptr, elem, mask, BITS: tl.constexpr):
     """Signed BITS-bit values at stream positions ``elem`` (any shape) -> int32."""
     pos = elem * BITS

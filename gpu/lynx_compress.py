@@ -14,7 +14,7 @@ import triton.language as tl
 
 from lynx_npu.ops import plan as P
 
-from .lynx_common import codes, pack_store, tree_sum_last, tree_sum_mid
+from .lynx_common import codes, minmax, minmax_combine, pack_store, tree_sum_last, tree_sum_mid
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -52,14 +52,14 @@ def lynx_compress_kernel(
         r8_ptr,                          # the residual buffer (uint8)
         plan_ptr,                        # int64 [num_pages, NF]
         thr_ptr, bucket_ptr, shift, key_lo,  # this stream's tables (ops/tables.py)
-        H, D,
+        H, D, NUM_DT,
         WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
         C: tl.constexpr, CE: tl.constexpr, BS: tl.constexpr, ES: tl.constexpr,
         A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr, PROBES: tl.constexpr,
         TREE: tl.constexpr = True):
-    page = tl.program_id(0)
+    dt = tl.program_id(0) % NUM_DT  # channel tiles vary fastest: neighbours share input rows
+    page = tl.program_id(0) // NUM_DT
     h = tl.program_id(1)
-    dt = tl.program_id(2)
     row = plan_ptr + page * NF
     token0 = tl.load(row + F_TOKEN0).to(tl.int32)  # token counts fit int32; byte offsets stay int64
     body0 = tl.load(row + F_BODY0).to(tl.int32)
@@ -100,8 +100,8 @@ def lynx_compress_kernel(
         m3 = (t3 < tp) & dmask[None, None, :]
         x = tl.load(xh + (body0 + t3) * s_t + dd[None, None, :] * s_d, mask=m3,
                     other=0.0).to(tl.float32)
-        gmin = tl.min(tl.min(tl.where(m3, x, float("inf")), axis=1), axis=0)
-        gmax = tl.max(tl.max(tl.where(m3, x, float("-inf")), axis=1), axis=0)
+        gmin, gmax = minmax(x, m3, 1)
+        gmin, gmax = tl.reduce((gmin, gmax), 0, minmax_combine)
         scale = gmax - gmin
         sc = tl.where(scale > 0, scale, 1.0)[None, None, :]
         xn = tl.where((scale > 0)[None, None, :], tl.math.div_rn(x - gmin[None, None, :], sc), 0.0)
@@ -132,8 +132,7 @@ def lynx_compress_kernel(
         m3 = tm3 & (d3 < D)
         x = tl.load(xh + (body0 + t)[:, None, None] * s_t + d3 * s_d, mask=m3,
                     other=0.0).to(tl.float32)
-        gmin = tl.min(tl.where(m3, x, float("inf")), axis=0)     # [NCD, CE]
-        gmax = tl.max(tl.where(m3, x, float("-inf")), axis=0)
+        gmin, gmax = minmax(x, m3, 0)  # [NCD, CE]
         scale = gmax - gmin
         sc = tl.where(scale > 0, scale, 1.0)[None, :, :]
         xn = tl.where((scale > 0)[None, :, :], tl.math.div_rn(x - gmin[None, :, :], sc), 0.0)

@@ -2,8 +2,9 @@
 into a paged KV cache (lynx_npu/codec/lynx_ref.py ``dequantize`` + the v1 page layout).
 
 One program = TB tokens of one page x one kv head x one tile of BD channels, for K or V (WHICH)
-(decoding needs no page-wide reduction, so tiles stay small). It reads its codes (and
-residuals), chunk statistics and gamma once and writes each output value once, to
+(decoding needs no page-wide reduction, so tiles stay small and follow the chunks). It reads its
+codes (and residuals; each packed byte once), chunk statistics and gamma once and writes each
+output value once, to
 ``out + offset + block*s_block + offset_in_block*s_token + head*s_head + dim*s_dim`` with
 ``(block, offset_in_block) = divmod(slot, block_size)``; slot = token for a dense output,
 ``slot_mapping[token]`` for a paged cache (negative slots are skipped). See ops/dest.py.
@@ -13,7 +14,7 @@ import triton.language as tl
 
 from lynx_npu.ops import plan as P
 
-from .lynx_common import unpack_load
+from .lynx_common import unpack_rows
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -53,35 +54,25 @@ def _to_out(x, odt: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _magnitude(a8c, r8c, lv_ptr, elem, mask, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
-               YMAX: tl.constexpr, HAS_RES: tl.constexpr):
-    """Signed reconstructed |x| in the chunk-normalised domain (levels table), float32."""
-    a = unpack_load(a8c, elem, mask, A_BITS)
-    neg = a < 0
-    code = tl.where(neg, -a - 1, a) << R_BITS
-    if HAS_RES:
-        code -= unpack_load(r8c, elem, mask, R_BITS)
-    code = tl.minimum(tl.maximum(code, 0), YMAX)
-    mag = tl.load(lv_ptr + code, mask=mask, other=0.0)
-    return tl.where(neg, -mag, mag)
-
-
-@triton.jit
 def lynx_decompress_kernel(
         a8_ptr, akv_ptr, a16_ptr,        # the anchor buffer as uint8 / KV dtype / float16
         r8_ptr,                          # the residual buffer (uint8; unused without HAS_RES)
         plan_ptr,                        # int64 [num_pages, NF]
         lv_ptr,                          # float32 [128] levels of this stream
         out_ptr, o_off, s_block, s_tok, s_head, s_dim, block_size, slots_ptr,
-        H, D,
+        H, D, NUM_DT,
         WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, NTB: tl.constexpr, TB: tl.constexpr,
-        BD: tl.constexpr, C: tl.constexpr, CE: tl.constexpr, BS: tl.constexpr, ES: tl.constexpr,
+        BD: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, ES: tl.constexpr,
         A_BITS: tl.constexpr, R_BITS: tl.constexpr, YMAX: tl.constexpr,
-        HAS_RES: tl.constexpr, PAGED: tl.constexpr, INTERPRET: tl.constexpr):
-    page = tl.program_id(0) // NTB
-    tb = tl.program_id(0) % NTB  # this program's block of TB tokens (NTB blocks per page)
+        HAS_RES: tl.constexpr, PAGED: tl.constexpr, INTERPRET: tl.constexpr,
+        ALIGN: tl.constexpr):
+    # Tiles follow the chunks: channel axis: TB == C tokens (one chunk row) x BD channels, so
+    # mu / sigma are a [BD] row; token axis: BD == one chunk of head_dim, so they are a [TB] column.
+    dt = tl.program_id(0) % NUM_DT  # channel tiles vary fastest: neighbours share rows
+    pb = tl.program_id(0) // NUM_DT
+    page = pb // NTB
+    tb = pb % NTB
     h = tl.program_id(1)
-    dt = tl.program_id(2)
     row = plan_ptr + page * NF
     token0 = tl.load(row + F_TOKEN0).to(tl.int32)  # token counts fit int32; byte offsets stay int64
     body0 = tl.load(row + F_BODY0).to(tl.int32)
@@ -101,44 +92,42 @@ def lynx_decompress_kernel(
         at, ok = _row_address(token0 + s, s < ns, slots_ptr, block_size, s_block, s_tok, PAGED)
         tl.store(out + at[:, None] + dd[None, :] * s_dim, vals.to(odt), mask=sm & ok[:, None])
 
+    t = tb * TB + tl.arange(0, TB)  # tokens of the page body
+    tmask = t < tp
+    m2 = tmask[:, None] & dmask[None, :]
+    e0 = (h * tp + t) * D + d0      # stream position of each row's first value
+    a = unpack_rows(a8_ptr + tl.load(row + F_CODES + WHICH), (e0 * A_BITS) >> 3, tmask, D - d0,
+                    TB, BD, A_BITS)
+    neg = a < 0
+    code = tl.where(neg, -a - 1, a) << R_BITS
+    if HAS_RES:
+        code -= unpack_rows(r8_ptr + tl.load(row + F_RES + WHICH), (e0 * R_BITS) >> 3, tmask,
+                            D - d0, TB, BD, R_BITS)
+    code = tl.minimum(tl.maximum(code, 0), YMAX)
+    mag = tl.load(lv_ptr + code, mask=m2, other=0.0)
+    xf = tl.where(neg, -mag, mag)
+
     gamma = akv_ptr + tl.load(row + F_GAMMA + WHICH) // ES
     stats = a16_ptr + tl.load(row + F_STATS + WHICH) // 2
-    a8c = a8_ptr + tl.load(row + F_CODES + WHICH)
-    r8c = r8_ptr + tl.load(row + F_RES + WHICH)
-    gmin = tl.load(gamma + h * D + dd, mask=dd < tl.minimum(tp, 1) * D, other=0.0).to(tl.float32)
-    gmax = tl.load(gamma + H * D + h * D + dd, mask=dd < tl.minimum(tp, 1) * D, other=0.0).to(tl.float32)
-    scale = gmax - gmin
+    gl = dd < tl.minimum(tp, 1) * D
+    gmin = tl.load(gamma + h * D + dd, mask=gl, other=0.0).to(tl.float32)
+    gmax = tl.load(gamma + H * D + h * D + dd, mask=gl, other=0.0).to(tl.float32)
     if not TOKEN_AXIS:
-        NC: tl.constexpr = TB // C
-        c = tb * NC + tl.arange(0, NC)  # chunk index within the page
-        t3 = (c[:, None] * C + tl.arange(0, C)[None, :])[:, :, None]  # [NC, C, 1]
-        m3 = (t3 < tp) & dmask[None, None, :]
-        xf = _magnitude(a8c, r8c, lv_ptr, (h * tp + t3) * D + dd[None, None, :], m3, A_BITS,
-                        R_BITS, YMAX, HAS_RES)
         nct = (tp + C - 1) // C
-        sidx = (h * nct + c[:, None]) * D + dd[None, :]
-        smask = (c < nct)[:, None] & dmask[None, :]
+        sidx = (h * nct + tb) * D + dd
+        smask = dd < D * (tb < nct).to(tl.int32)
         mu = tl.load(stats + sidx, mask=smask, other=0.0).to(tl.float32)
         sg = tl.load(stats + H * nct * D + sidx, mask=smask, other=0.0).to(tl.float32)
-        xn = xf * sg[:, None, :] + mu[:, None, :]
-        x = xn * scale[None, None, :] + gmin[None, None, :]
-        at, ok = _row_address(body0 + t3, t3 < tp, slots_ptr, block_size, s_block, s_tok, PAGED)
-        tl.store(out + at + dd[None, None, :] * s_dim, _to_out(x, odt, INTERPRET), mask=m3 & ok)
+        xn = xf * sg[None, :] + mu[None, :]
     else:
-        NCD: tl.constexpr = BD // CE
-        t = tb * TB + tl.arange(0, TB)
-        cd = tl.arange(0, NCD)
-        c0 = d0 + cd * CE
-        d3 = (c0[:, None] + tl.arange(0, CE)[None, :])[None, :, :]  # [1, NCD, CE]
-        m3 = (t < tp)[:, None, None] & (d3 < D)
-        xf = _magnitude(a8c, r8c, lv_ptr, (h * tp + t[:, None, None]) * D + d3, m3, A_BITS,
-                        R_BITS, YMAX, HAS_RES)
         ncd = (D + C - 1) // C
-        sidx = (h * tp + t[:, None]) * ncd + (c0 // C)[None, :]
-        smask = (t < tp)[:, None] & (c0 < D)[None, :]
-        mu = tl.load(stats + sidx, mask=smask, other=0.0).to(tl.float32)
-        sg = tl.load(stats + H * tp * ncd + sidx, mask=smask, other=0.0).to(tl.float32)
-        xn = xf * sg[:, :, None] + mu[:, :, None]
-        x = xn * tl.reshape(scale, [NCD, CE])[None, :, :] + tl.reshape(gmin, [NCD, CE])[None, :, :]
-        at, ok = _row_address(body0 + t, t < tp, slots_ptr, block_size, s_block, s_tok, PAGED)
-        tl.store(out + at[:, None, None] + d3 * s_dim, _to_out(x, odt, INTERPRET), mask=m3 & ok[:, None, None])
+        sidx = (h * tp + t) * ncd + d0 // C
+        mu = tl.load(stats + sidx, mask=tmask, other=0.0).to(tl.float32)
+        sg = tl.load(stats + H * tp * ncd + sidx, mask=tmask, other=0.0).to(tl.float32)
+        xn = xf * sg[:, None] + mu[:, None]
+    x = xn * (gmax - gmin)[None, :] + gmin[None, :]
+    at, ok = _row_address(body0 + t, tmask, slots_ptr, block_size, s_block, s_tok, PAGED)
+    if ALIGN > 1:
+        at = tl.multiple_of(at, ALIGN)
+    tl.store(out + at[:, None] + dd[None, :] * s_dim, _to_out(x, odt, INTERPRET),
+             mask=m2 & ok[:, None])

@@ -31,8 +31,8 @@ DEVICE = "cuda" if CUDA else "cpu"
 SPLITS = [2, 3, 4, 6]
 # The interpreter is slow: small pages and heads there, the default config on a GPU.
 SMALL = dict(page_size=64, chunk_size=16) if not CUDA else {}
-SIZES = [1, 31, 33, 150] if not CUDA else [1, 31, 257, 1000, 4100]
-HEADS, HEAD_DIM = (1, 32) if not CUDA else (4, 128)
+SIZES = [1, 31, 33, 150] if not CUDA else [1, 31, 257, 1000, 2100]
+HEADS, HEAD_DIM = (1, 32) if not CUDA else (2, 128)
 
 
 def config(anchor_bits=4, v_axis="token", sinks=4, **kw):
