@@ -1,0 +1,48 @@
+"""vLLM engine arguments for a Lynx prefill instance and a Lynx decode instance.
+
+The same settings as the ``vllm serve`` flags in docs/deploy.md, as keyword arguments for
+``vllm.LLM(...)`` / ``EngineArgs(...)``. Pure Python: nothing here imports vLLM.
+"""
+from __future__ import annotations
+
+CONNECTOR = {"kv_connector": "LynxConnector",
+             "kv_connector_module_path": "lynx_npu.integration.vllm_ascend.connector"}
+SCHEDULER = "lynx_npu.integration.vllm_ascend.scheduler.LynxScheduler"
+PROPOSER = "lynx_npu.integration.vllm_ascend.proposer.NullProposer"
+
+
+def prefill_engine_args(model: str, *, peer: str | None = None, codec: str = "lynx",
+                        gbps: float | None = None, precompress: bool = False,
+                        secret: str | None = None, **engine) -> dict:
+    """The prefill instance: stock vLLM plus the Lynx connector as KV producer. Prefix caching
+    stays on (a prompt computed once is sent again for free)."""
+    extra = {"codec": codec, "precompress": precompress}
+    for key, value in (("peer", peer), ("gbps", gbps), ("secret", secret)):
+        if value is not None:
+            extra[key] = value
+    return {"model": model,
+            "kv_transfer_config": {**CONNECTOR, "kv_role": "kv_producer",
+                                   "kv_connector_extra_config": extra},
+            **engine}
+
+
+def decode_engine_args(model: str, *, port: int, host: str = "127.0.0.1", max_drafts: int = 64,
+                       residual_timeout_s: float = 30.0, transfer_timeout_s: float = 600.0,
+                       secret: str | None = None, **engine) -> dict:
+    """The decode instance: the Lynx connector as KV consumer, the Lynx scheduler, the null
+    proposer (which turns on vLLM's verification machinery) and no prefix caching (blocks with
+    anchor-precision KV must never be shared)."""
+    extra = {"host": host, "port": port, "max_drafts": max_drafts,
+             "residual_timeout_s": residual_timeout_s, "transfer_timeout_s": transfer_timeout_s}
+    if secret is not None:
+        extra["secret"] = secret
+    return {"model": model,
+            # A transfer that fails before its anchor: vLLM recomputes the prompt locally.
+            "kv_transfer_config": {**CONNECTOR, "kv_role": "kv_consumer",
+                                   "kv_load_failure_policy": "recompute",
+                                   "kv_connector_extra_config": extra},
+            "scheduler_cls": SCHEDULER,
+            "speculative_config": {"method": "custom_class", "model": PROPOSER,
+                                   "num_speculative_tokens": 1},
+            "enable_prefix_caching": False,
+            **engine}

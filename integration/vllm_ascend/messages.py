@@ -1,0 +1,87 @@
+"""What the Lynx connector's two halves tell each other every engine step.
+
+Scheduler -> workers: :class:`LynxConnectorMeta` (KV to save and send, KV to load, requests to
+forget). Workers -> scheduler: :class:`LynxWorkerMeta`, vLLM's worker-to-scheduler channel
+(``build_connector_worker_meta``). The residual stream is reported here and not as a second
+``finished_recving``, which vLLM only accepts for waiting requests (DESIGN §8). Under tensor
+parallelism each rank reports once; ``aggregate`` sums the ranks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import TransferParams
+from .vllm_compat import KVConnectorMetadata, KVConnectorWorkerMetadata
+
+
+@dataclass(frozen=True)
+class SaveJob:
+    """Producer: the prompt of ``req_id`` is complete in ``block_ids``; send ``num_tokens``."""
+
+    req_id: str
+    params: TransferParams
+    block_ids: tuple[int, ...]
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    """Consumer: load ``num_tokens`` of transfer ``transfer_id`` into ``block_ids``."""
+
+    req_id: str
+    transfer_id: int
+    block_ids: tuple[int, ...]
+    num_tokens: int
+
+
+@dataclass
+class LynxConnectorMeta(KVConnectorMetadata):
+    saves: list[SaveJob] = field(default_factory=list)
+    loads: list[LoadJob] = field(default_factory=list)
+    # Requests the scheduler let go of (finished, preempted, recomputing): the worker drops
+    # their transfers and never writes their blocks again (the blocks may be reused now).
+    releases: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoadReport:
+    stage: str              # "anchor" (drafting starts) or "full" (exact from the start)
+    first_frame_at: float   # time.monotonic() of the first frame's arrival
+    anchor_ready_at: float
+    loaded_at: float        # the anchor (or full KV) is in the paged cache
+    count: int = 1          # ranks reporting
+
+
+@dataclass
+class RefineReport:
+    residual_ready_at: float
+    refined_at: float       # the full-precision KV is in the paged cache (writes complete)
+    count: int = 1
+
+
+@dataclass
+class LynxWorkerMeta(KVConnectorWorkerMetadata):
+    loaded: dict[str, LoadReport] = field(default_factory=dict)
+    refined: dict[str, RefineReport] = field(default_factory=dict)
+    lost: dict[str, str] = field(default_factory=dict)    # req_id -> why the residual is lost
+
+    def empty(self) -> bool:
+        return not (self.loaded or self.refined or self.lost)
+
+    def aggregate(self, other: "LynxWorkerMeta") -> "LynxWorkerMeta":
+        out = LynxWorkerMeta(dict(self.loaded), dict(self.refined), dict(self.lost))
+        for rid, rep in other.loaded.items():
+            mine = out.loaded.get(rid)
+            out.loaded[rid] = rep if mine is None else LoadReport(
+                "anchor" if "anchor" in (mine.stage, rep.stage) else "full",
+                min(mine.first_frame_at, rep.first_frame_at),
+                max(mine.anchor_ready_at, rep.anchor_ready_at),
+                max(mine.loaded_at, rep.loaded_at), mine.count + rep.count)
+        for rid, rep in other.refined.items():
+            mine = out.refined.get(rid)
+            out.refined[rid] = rep if mine is None else RefineReport(
+                max(mine.residual_ready_at, rep.residual_ready_at),
+                max(mine.refined_at, rep.refined_at), mine.count + rep.count)
+        for rid, why in other.lost.items():
+            out.lost.setdefault(rid, why)
+        return out
