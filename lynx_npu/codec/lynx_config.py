@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 TOTAL_BITS = 8
 AXES = ("channel", "token")
+CENTERS = ("midrange", "mean")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class LynxConfig:
     k_axis: str = "channel"      # chunks of K: "channel" = C tokens of one channel (paper)
     v_axis: str = "token"        # chunks of V: "token" = C head_dim values of one token
     num_sink_tokens: int = 4     # leading tokens of the sequence sent exact with the anchor
+    center: str = "midrange"     # chunk centre mu: "midrange" (max+min)/2, or "mean" (paper)
 
     def __post_init__(self):
         if self.page_size < 1:
@@ -44,6 +46,8 @@ class LynxConfig:
         for name in ("k_axis", "v_axis"):
             if getattr(self, name) not in AXES:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {AXES}")
+        if self.center not in CENTERS:
+            raise ValueError(f"{self.center=} must be one of {CENTERS}")
         if self.num_sink_tokens < 0:
             raise ValueError(f"{self.num_sink_tokens=} must be >= 0")
 
@@ -73,7 +77,7 @@ class LynxConfig:
 PRESETS: dict[str, LynxConfig] = {
     # The paper's literal axes (K and V chunked per channel), no exact sinks, mu-law alpha.
     "paper": LynxConfig(alpha_k=255.0, alpha_v=255.0, k_axis="channel", v_axis="channel",
-                        num_sink_tokens=0),
+                        num_sink_tokens=0, center="mean"),
     "default": LynxConfig(),
 }
 

@@ -5,7 +5,9 @@ All arithmetic is float32 in this order:
 
   encode  gmin, gmax = min, max over the page's tokens, per channel   (stored in the KV dtype)
           scale = gmax - gmin;  xn = (x - gmin) / scale   (0 where scale == 0)
-          mu = f16(sum(xn over chunk) / count);  xc = xn - mu
+          mu = f16((max + min) / 2) over the chunk            (center="midrange", default)
+             = f16(tree_sum(xn over chunk) / count)            (center="mean", the paper's)
+          xc = xn - mu
           sigma = f16(max |xc| over chunk);  xf = xc / sigma   (0 where sigma == 0)
           I = #{j : thresholds[j] <= |xf|}          (lynx_tables.py; round-half-up of Eq. 3)
           m = (I + bias) >> r;  res = (m << r) - I   (round-half-down split, Alg. 1 l.14-17)
@@ -33,6 +35,19 @@ def _chunked(xn: torch.Tensor, axis: str, chunk: int) -> tuple[torch.Tensor, tor
         t = torch.nn.functional.pad(t, (0, pad))
         mask = torch.nn.functional.pad(mask, (0, pad))
     return t.reshape(*t.shape[:-1], nc, chunk), mask.view(nc, chunk)
+
+
+def tree_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the last axis in a fixed order: pairwise over adjacent elements, zero-padded to
+    a power of two. float32 addition is not associative; fixing the order makes the chunk
+    mean, and so every code, reproducible by any backend (Ascend's WholeReduceSum order)."""
+    n = x.shape[-1]
+    width = 1 << max(n - 1, 0).bit_length()
+    if width != n:
+        x = torch.nn.functional.pad(x, (0, width - n))
+    while x.shape[-1] > 1:
+        x = x[..., 0::2] + x[..., 1::2]
+    return x[..., 0]
 
 
 def _unchunked(t: torch.Tensor, axis: str, length: int) -> torch.Tensor:
@@ -69,8 +84,14 @@ def quantize(x: torch.Tensor, cfg: LynxConfig, which: str):
                      torch.zeros_like(xf32))
 
     chunks, mask = _chunked(xn, axis, cfg.chunk_size)
-    count = mask.sum(dim=-1).to(torch.float32)
-    mu = (chunks.sum(dim=-1) / count).to(SCALAR_DTYPE)
+    if cfg.center == "midrange":
+        big = torch.finfo(torch.float32).max
+        hi = torch.where(mask, chunks, -big).amax(dim=-1)
+        lo = torch.where(mask, chunks, big).amin(dim=-1)
+        mu = ((hi + lo) / 2).to(SCALAR_DTYPE)
+    else:
+        count = mask.sum(dim=-1).to(torch.float32)
+        mu = (tree_sum(chunks) / count).to(SCALAR_DTYPE)
     xc = chunks - mu.float().unsqueeze(-1)
     sigma = torch.where(mask, xc.abs(), 0.0).amax(dim=-1).to(SCALAR_DTYPE)
     sig32 = sigma.float().unsqueeze(-1)

@@ -40,7 +40,15 @@ def oracle_quantize(x: torch.Tensor, cfg, which: str):
     r = cfg.residual_bits
     for idx in chunks:
         xn = x[idx]
-        mu = (xn.sum() / xn.numel()).half().float()
+        if cfg.center == "midrange":
+            mu = ((xn.max() + xn.min()) / 2).half().float()
+        else:  # adjacent-pairs tree, zero-padded to a power of two
+            acc = list(xn.reshape(-1))
+            while len(acc) & (len(acc) - 1):
+                acc.append(torch.tensor(0.0))
+            while len(acc) > 1:
+                acc = [acc[i] + acc[i + 1] for i in range(0, len(acc), 2)]
+            mu = (acc[0] / xn.numel()).half().float()
         xc = xn - mu
         sigma = xc.abs().max().half().float()
         xf = xc / sigma if sigma > 0 else torch.zeros_like(xc)

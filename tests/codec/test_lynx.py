@@ -22,11 +22,12 @@ def kv(h=2, t=64, d=16, dtype=torch.bfloat16, seed=0):
     return k, v
 
 
+@pytest.mark.parametrize("center", ["midrange", "mean"])
 @pytest.mark.parametrize("anchor_bits", SPLITS)
 @pytest.mark.parametrize("axis", ["channel", "token"])
-def test_codes_match_naive_oracle(anchor_bits, axis):
+def test_codes_match_naive_oracle(anchor_bits, axis, center):
     cfg = LynxConfig(page_size=32, chunk_size=8, anchor_bits=anchor_bits, v_axis=axis,
-                     num_sink_tokens=0)
+                     num_sink_tokens=0, center=center)
     k, v = kv(h=2, t=29, d=16, dtype=torch.float16)
     a, r, _, _ = lynx_ref.quantize(v.unsqueeze(0), cfg, "v")
     oa, orr, _, _ = oracle_quantize(v[:, :29], cfg, "v")
@@ -44,6 +45,14 @@ def test_code_ranges(anchor_bits):
     assert r.min() >= -(1 << (ra - 1)) and r.max() <= (1 << (ra - 1)) - 1
     # the chunk maximum maps to |x| = 1 and the anchor alone reconstructs it (no clamping)
     assert a.max() == (1 << (anchor_bits - 1)) - 1 and a.min() == -(1 << (anchor_bits - 1))
+
+
+def test_tree_sum_order_is_fixed():
+    x = torch.tensor([[1e8, 1.0, -1e8, 1.0, 3.0]])
+    # float32: ((1e8 + 1) + (-1e8 + 1)) + ((3 + 0) + 0) = (1e8 - 1e8) + 3 = 3, where a
+    # left-to-right sum gives 4: the order is part of the spec
+    assert lynx_ref.tree_sum(x).item() == 3.0
+    assert lynx_ref.tree_sum(torch.ones(1, 32)).item() == 32.0
 
 
 @pytest.mark.parametrize("anchor_bits", SPLITS)
@@ -164,13 +173,14 @@ def test_variants_share_the_bytes():
 def test_paper_preset_keeps_literal_axes():
     c = lynx_npu.get_codec("lynx", preset="paper")
     assert c.config.v_axis == "channel" and c.config.num_sink_tokens == 0
+    assert c.config.center == "mean"
     assert lynx_npu.get_codec("lynx", preset="paper", alpha_v=3).config.alpha_v == 3
 
 
 @pytest.mark.parametrize("bad", [dict(page_size=0), dict(chunk_size=0), dict(page_size=100),
                                  dict(alpha_k=0), dict(alpha_v=-1), dict(anchor_bits=1),
                                  dict(anchor_bits=8), dict(v_axis="head"),
-                                 dict(num_sink_tokens=-1), dict(bogus=1), dict(preset="nope")])
+                                 dict(num_sink_tokens=-1), dict(center="median"), dict(bogus=1), dict(preset="nope")])
 def test_bad_config_is_a_value_error(bad):
     with pytest.raises(ValueError):
         lynx_npu.get_codec("lynx", **bad)
