@@ -21,11 +21,11 @@ CENTERS = ("midrange", "mean")
 class LynxConfig:
     page_size: int = 256         # tokens per page (P): scalars gamma are per channel per page
     chunk_size: int = 32         # values per chunk (C): scalars mu, sigma are per chunk
-    alpha_k: float = 3.0         # alpha-law skew of the log transform, K
-    alpha_v: float = 3.0         # alpha-law skew of the log transform, V
+    alpha_k: float = 0.25        # alpha-law skew of the log transform, K (measured: README)
+    alpha_v: float = 0.5         # alpha-law skew of the log transform, V
     anchor_bits: int = 4         # sign + MSBs sent first; the residual holds 8 - anchor_bits
     k_axis: str = "channel"      # chunks of K: "channel" = C tokens of one channel (paper)
-    v_axis: str = "token"        # chunks of V: "token" = C head_dim values of one token
+    v_axis: str = "token"        # chunks of V: "token" = C head_dim values of one token (KIVI)
     num_sink_tokens: int = 4     # leading tokens of the sequence sent exact with the anchor
     center: str = "midrange"     # chunk centre mu: "midrange" (max+min)/2, or "mean" (paper)
 

@@ -107,6 +107,17 @@ def _requested(backend: str | Backend | None) -> str:
     return name
 
 
+# Config options the compiled kernels do not implement yet: they run on the torch reference.
+KERNEL_CENTERS = ("mean",)
+
+
+def _supports(name: str, impl, cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
+    if name != "torch" and getattr(cfg, "center", "mean") not in KERNEL_CENTERS:
+        return (f"center={cfg.center!r} is not implemented by the {name} kernels yet "
+                f"(they implement {KERNEL_CENTERS}); the torch reference runs it")
+    return impl.supports(cfg, num_kv_heads, head_dim, dtype)
+
+
 def select(device, backend: str | Backend | None, cfg, num_kv_heads: int, head_dim: int,
            dtype) -> tuple[str, object]:
     """-> (name, implementation) for tensors on ``device``."""
@@ -120,13 +131,13 @@ def select(device, backend: str | Backend | None, cfg, num_kv_heads: int, head_d
         impl = e.load()
         if impl is None:
             raise BackendUnavailable(f"backend {name!r} is not available: {e.error}")
-        why = impl.supports(cfg, num_kv_heads, head_dim, dtype)
+        why = _supports(name, impl, cfg, num_kv_heads, head_dim, dtype)
         if why:
             raise BackendUnavailable(f"backend {name!r} cannot run this input: {why}")
         return name, impl
     default = DEVICE_DEFAULT.get(dev)
     if default is not None:
         impl = _REGISTRY[default].load()
-        if impl is not None and not impl.supports(cfg, num_kv_heads, head_dim, dtype):
+        if impl is not None and not _supports(default, impl, cfg, num_kv_heads, head_dim, dtype):
             return default, impl
     return "torch", _REGISTRY["torch"].load()

@@ -14,7 +14,7 @@ from lynx_npu.ops.plan import layer_plan, page_plan
 
 from .parity import exact_kv
 
-CFG = LynxConfig(page_size=64, chunk_size=16, num_sink_tokens=3)
+CFG = LynxConfig(center="mean", page_size=64, chunk_size=16, num_sink_tokens=3)
 H, T, D = 2, 150, 32
 
 
@@ -72,6 +72,6 @@ def test_layer_into_a_paged_cache(host_build, streams, layout):
 
 def test_supports_names_what_it_cannot_run(host_build):
     backend = host_build.host_backend()
-    assert backend.supports(LynxConfig(), 8, 128, torch.bfloat16) is None
-    assert "head_dim=24" in backend.supports(LynxConfig(), 8, 24, torch.bfloat16)
-    assert "float16 or bfloat16" in backend.supports(LynxConfig(), 8, 128, torch.float32)
+    assert backend.supports(LynxConfig(center="mean"), 8, 128, torch.bfloat16) is None
+    assert "head_dim=24" in backend.supports(LynxConfig(center="mean"), 8, 24, torch.bfloat16)
+    assert "float16 or bfloat16" in backend.supports(LynxConfig(center="mean"), 8, 128, torch.float32)

@@ -30,7 +30,7 @@ def cpu_backend():
 
 
 def config(anchor_bits=4, v_axis="token", sinks=4, **kw):
-    return LynxConfig(anchor_bits=anchor_bits, v_axis=v_axis,
+    return LynxConfig(center="mean", anchor_bits=anchor_bits, v_axis=v_axis,
                       k_axis="token" if v_axis == "channel" else "channel",
                       num_sink_tokens=sinks, **kw)
 

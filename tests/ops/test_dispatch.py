@@ -6,7 +6,7 @@ from lynx_npu import ops
 from lynx_npu.codec.lynx_config import LynxConfig
 from lynx_npu.ops import BackendUnavailable, backends
 
-CFG = LynxConfig()
+CFG = LynxConfig(center="mean")
 
 
 def test_every_backend_is_registered_with_a_reason_when_absent():

@@ -12,7 +12,7 @@ from lynx_npu.ops.tables import codes_via_buckets, quant_tables
 @pytest.mark.parametrize("t", [1, 4, 5, 255, 257, 1000])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_plan_rows_match_page_layout(t, dtype):
-    cfg = LynxConfig(page_size=128, chunk_size=32, num_sink_tokens=4)
+    cfg = LynxConfig(center="mean", page_size=128, chunk_size=32, num_sink_tokens=4)
     h, d = 3, 40
     plan = P.layer_plan(cfg, h, t, d, dtype)
     a_off = r_off = 0
@@ -32,7 +32,7 @@ def test_plan_rows_match_page_layout(t, dtype):
 
 
 def test_page_plan_counts_from_the_page():
-    cfg = LynxConfig(num_sink_tokens=4)
+    cfg = LynxConfig(center="mean", num_sink_tokens=4)
     p0 = P.page_plan(cfg, 2, 64, torch.bfloat16, 0, 260)
     p1 = P.page_plan(cfg, 2, 64, torch.bfloat16, 260, 516)
     assert p0.table[0, P.F_NUM_SINK] == 4 and p1.table[0, P.F_NUM_SINK] == 0
@@ -44,7 +44,7 @@ def test_page_plan_counts_from_the_page():
 @pytest.mark.parametrize("alpha", [0.5, 3.0, 255.0, 1e5])
 @pytest.mark.parametrize("anchor_bits", [2, 3, 4, 6, 7])
 def test_bucket_lookup_is_searchsorted(alpha, anchor_bits):
-    cfg = LynxConfig(anchor_bits=anchor_bits, alpha_k=alpha)
+    cfg = LynxConfig(center="mean", anchor_bits=anchor_bits, alpha_k=alpha)
     thr = lynx_tables.thresholds(alpha, cfg.y_max)
     g = torch.Generator().manual_seed(0)
     x = torch.cat([torch.rand(50000, generator=g) * 1.001, torch.rand(20000, generator=g) * 1e-3,
