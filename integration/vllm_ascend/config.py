@@ -101,6 +101,7 @@ class TransferParams:
     codec: str | None = None          # producer: overrides the configured codec
     peer: str | None = None           # producer: overrides the configured decode receiver
     drop_residual: bool = False       # producer fault injection: never send the residual stream
+    max_drafts: int | None = None     # consumer: lower the instance's draft cap for this request
 
     def __post_init__(self):
         if (not isinstance(self.transfer_id, int) or isinstance(self.transfer_id, bool)
@@ -112,6 +113,9 @@ class TransferParams:
             raise ValueError(f"{self.codec=} must be a codec name")
         if not isinstance(self.drop_residual, bool):
             raise ValueError(f"{self.drop_residual=} must be a bool")
+        if self.max_drafts is not None and (not isinstance(self.max_drafts, int)
+                                            or not 0 <= self.max_drafts <= 120):
+            raise ValueError(f"{self.max_drafts=} must be an int in [0, 120] or None")
 
     @classmethod
     def from_request(cls, kv_transfer_params: dict | None) -> "TransferParams | None":

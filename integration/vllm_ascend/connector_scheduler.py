@@ -48,8 +48,11 @@ class ConnectorScheduler:
         if self.config.role == "producer":
             self._to_save[request.request_id] = (request, params)
         else:
+            cap = self.config.max_drafts
+            if params.max_drafts is not None:
+                cap = min(cap, params.max_drafts)
             self.decode[request.request_id] = new_decode_request(
-                request.request_id, params.transfer_id, self.world_size, self.config.max_drafts)
+                request.request_id, params.transfer_id, self.world_size, cap)
 
     def build_meta(self, scheduler_output) -> LynxConnectorMeta:
         meta = LynxConnectorMeta()
@@ -106,7 +109,7 @@ class ConnectorScheduler:
         (block_ids,) = blocks.get_block_ids()
         lr.load_requested = True
         self._loads.append(LoadJob(request.request_id, lr.transfer_id, tuple(block_ids),
-                                   num_external_tokens))
+                                   num_external_tokens, wait_full=lr.drafts.max_drafts == 0))
 
     def on_worker_output(self, output) -> None:
         meta = getattr(output, "kv_connector_worker_meta", None)

@@ -92,8 +92,8 @@ class ConsumerWorker:
             h = t.handle
             if t.stage == "waiting":
                 full = h.residual_ready.is_set()
-                # max_drafts == 0: no speculation, so start only on the full-precision KV.
-                if h.anchor_ready.is_set() and (full or self.config.max_drafts > 0):
+                # No drafting allowed (max_drafts 0): start only on the full-precision KV.
+                if h.anchor_ready.is_set() and (full or not t.job.wait_full):
                     self._start(req_id, t, "full" if full else "anchor")
                 elif h.error is not None:
                     log.warning("Lynx: transfer %d for %s failed before its anchor: %s",

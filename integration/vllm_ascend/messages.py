@@ -32,6 +32,7 @@ class LoadJob:
     transfer_id: int
     block_ids: tuple[int, ...]
     num_tokens: int
+    wait_full: bool = False   # no drafting allowed: load only the full-precision KV
 
 
 @dataclass

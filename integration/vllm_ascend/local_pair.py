@@ -1,0 +1,175 @@
+"""A Lynx prefill instance and a Lynx decode instance of vLLM on this machine, driven in-process.
+
+This is what ``lynx demo`` and the end-to-end tests run. Each instance is a ``vllm.LLM`` (its
+engine core and worker are child processes); KV moves between them over the built-in
+split-stream transport on loopback, at an emulated link rate. A *transfer* submits the decode
+request first (it waits for its KV) and then the prefill request with the same prompt; the
+prefill instance's prefix cache makes every prompt after its first transfer cost one token.
+
+Call from code guarded by ``if __name__ == "__main__":`` (vLLM starts its processes by spawn).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+
+from .engine_config import decode_engine_args, prefill_engine_args
+
+
+def configure_cpu_threads() -> None:
+    """Two vLLM instances on a few cores: one OpenMP thread each and no core pinning (vLLM's
+    auto-binding pins both instances to the same cores, and its spin-waiting threads then
+    halve decode speed)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    model: str
+    gbps: float | None = 1.0           # emulated link rate, prefill -> decode
+    max_drafts: int = 64
+    residual_timeout_s: float = 30.0
+    # float32 on CPU: vLLM-CPU's bf16 kernels compute a position differently in a multi-token
+    # pass than in a one-token step, which breaks token-for-token equality of any speculative
+    # decoding at near ties (docs/demo.md); float32 is also faster on CPUs without AVX512-BF16.
+    dtype: str = "float32"
+    kv_cache_bytes: int = 512 << 20
+    max_model_len: int = 8192
+    precompress: bool = True           # time the link, not the CPU reference compressor
+
+    def __post_init__(self):
+        if self.gbps is not None and not self.gbps > 0:
+            raise ValueError(f"{self.gbps=} must be > 0 or None")
+        if self.kv_cache_bytes < 16 << 20:
+            raise ValueError(f"{self.kv_cache_bytes=} must be at least 16 MiB")
+
+
+@dataclass
+class TransferRun:
+    """One request decoded from transferred KV, as a streaming client saw it."""
+
+    codec: str
+    tokens: list[int]
+    arrivals: list[float]                   # monotonic time each token reached the client
+    deltas: list[tuple[float, list[int]]]   # (arrival, tokens) of every streamed delta
+    finish_reason: str | None
+    stats: dict = field(default_factory=dict)  # the decode output's kv_transfer_params["lynx"]
+    submitted_at: float = 0.0
+    prefill_done_at: float | None = None
+
+    @property
+    def start(self) -> float:
+        """Start of decoding: the first KV frame's arrival (else the submission)."""
+        return self.stats.get("first_frame_at", self.submitted_at)
+
+    def time_to_token(self, k: int) -> float:
+        """Seconds from the start of decoding to the k-th (1-based) token's generation; an
+        accepted draft counts from when it was drafted (the paper's TTKT)."""
+        times = self.stats.get("token_times") or self.arrivals
+        return times[k - 1] - self.start
+
+    def client_time_to_token(self, k: int) -> float:
+        return self.arrivals[k - 1] - self.start
+
+
+class LocalPair:
+    def __init__(self, config: PairConfig, log=print):
+        configure_cpu_threads()
+        from vllm import LLM  # imported here: vLLM is optional for the rest of lynx_npu
+
+        self.config, self.log = config, log
+        self.port = free_port()
+        common = dict(dtype=config.dtype, kv_cache_memory_bytes=config.kv_cache_bytes,
+                      max_model_len=config.max_model_len, enforce_eager=True, seed=0,
+                      max_num_seqs=8, disable_log_stats=True)
+        t0 = time.monotonic()
+        log(f"[lynx] starting the decode instance (receiver on 127.0.0.1:{self.port}) ...")
+        self.decode = LLM(**decode_engine_args(config.model, port=self.port,
+                                               max_drafts=config.max_drafts,
+                                               residual_timeout_s=config.residual_timeout_s,
+                                               **common))
+        log(f"[lynx] starting the prefill instance (link {config.gbps} Gbps) ...")
+        self.prefill = LLM(**prefill_engine_args(config.model, peer=f"127.0.0.1:{self.port}",
+                                                 gbps=config.gbps,
+                                                 precompress=config.precompress, **common))
+        log(f"[lynx] both instances up in {time.monotonic() - t0:.0f} s")
+        self.tokenizer = self.prefill.get_tokenizer()
+        self._ids = itertools.count(int(time.time()) % 1_000_000 * 1000 + 1)
+
+    def run(self, prompt: list[int], codec: str, *, max_tokens: int = 64,
+            ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
+            drop_residual: bool = False, max_drafts: int | None = None) -> TransferRun:
+        """Prefill ``prompt`` on the prefill instance, move its KV with ``codec`` and decode it
+        greedily on the decode instance."""
+        tid = next(self._ids)
+        decode_params = {"transfer_id": tid}
+        if max_drafts is not None:
+            decode_params["max_drafts"] = max_drafts
+        prefill_params = {"transfer_id": tid, "codec": codec}
+        if drop_residual:
+            prefill_params["drop_residual"] = True
+        run = self._run(prompt, codec, decode_params, prefill_params, max_tokens, ignore_eos,
+                        stop_token_ids)
+        return run
+
+    def run_local(self, prompt: list[int], *, max_tokens: int = 64, ignore_eos: bool = True,
+                  stop_token_ids: list[int] | None = None) -> TransferRun:
+        """Decode ``prompt`` on the decode instance alone (local prefill, no transfer)."""
+        return self._run(prompt, "local", None, None, max_tokens, ignore_eos, stop_token_ids)
+
+    def _run(self, prompt, codec, decode_params, prefill_params, max_tokens, ignore_eos,
+             stop_token_ids) -> TransferRun:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        def params(n, lynx):
+            extra = {"kv_transfer_params": {"lynx": lynx}} if lynx else None
+            return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=ignore_eos,
+                                  stop_token_ids=stop_token_ids,
+                                  output_kind=RequestOutputKind.DELTA, extra_args=extra)
+
+        dec, pre = self.decode.llm_engine, self.prefill.llm_engine
+        rid = f"{codec}-{next(self._ids)}"
+        run = TransferRun(codec, [], [], [], None, submitted_at=time.monotonic())
+        dec.add_request(f"d-{rid}", {"prompt_token_ids": list(prompt)},
+                        params(max_tokens, decode_params))
+        if prefill_params is not None:
+            pre.add_request(f"p-{rid}", {"prompt_token_ids": list(prompt)},
+                            params(1, prefill_params))
+        # step() blocks until its engine has output: step the prefill instance only while it
+        # has work (its output arrives when the prompt is computed and the KV handed off).
+        while dec.has_unfinished_requests() or pre.has_unfinished_requests():
+            if pre.has_unfinished_requests():
+                for out in pre.step():
+                    if out.finished:
+                        run.prefill_done_at = time.monotonic()
+            if dec.has_unfinished_requests():
+                for out in dec.step():
+                    now = time.monotonic()
+                    new = list(out.outputs[0].token_ids)
+                    if new:
+                        run.deltas.append((now, new))
+                        run.tokens += new
+                        run.arrivals += [now] * len(new)
+                    if out.finished:
+                        run.finish_reason = out.outputs[0].finish_reason
+                        run.stats = dict((out.kv_transfer_params or {}).get("lynx", {}))
+        return run
+
+    def close(self) -> None:
+        for llm in (getattr(self, "prefill", None), getattr(self, "decode", None)):
+            if llm is not None:
+                llm.llm_engine.engine_core.shutdown()
