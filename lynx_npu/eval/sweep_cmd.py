@@ -3,7 +3,7 @@
     lynx eval sweep --model smollm2 --data ../shared/data/paul_graham_essays --tokens 4096 \\
         --json sweep.json --plot sweep.png [--preset paper] [--set num_sink_tokens=0] \\
         [--alpha-k 1,2,3,...] [--alpha-v ...] [--v-axis channel,token] [--sinks 0,1,2,4,8] \\
-        [--anchor-bits 2,3,4,6] [--sweep alpha_k,alpha_v]
+        [--anchor-bits 2,3,4,6] [--center mean,midrange] [--sweep alpha_k,alpha_v]
 
 Each swept parameter varies alone around the base configuration (the preset plus ``--set``
 overrides); every point reports bits per value and K/V NMSE and attention vNMSE of both
@@ -24,12 +24,14 @@ from .ops_codec import add_backend_argument, with_backend
 from .progress import log
 
 # parameter -> (command-line flag, default values)
+ALPHAS = "0.125,0.25,0.5,1,2,3,5,8,16,32,64,255"
 SWEEPS: dict[str, tuple[str, str]] = {
-    "alpha_k": ("--alpha-k", "1,2,3,5,8,16,32,64,255"),
-    "alpha_v": ("--alpha-v", "1,2,3,5,8,16,32,64,255"),
+    "alpha_k": ("--alpha-k", ALPHAS),
+    "alpha_v": ("--alpha-v", ALPHAS),
     "v_axis": ("--v-axis", "channel,token"),
     "num_sink_tokens": ("--sinks", "0,1,2,4,8"),
     "anchor_bits": ("--anchor-bits", "2,3,4,6"),
+    "center": ("--center", "mean,midrange"),
 }
 
 

@@ -15,10 +15,11 @@ def _args(*argv):
 def test_default_plan_sweeps_every_parameter_around_the_default_config():
     base, plan = sweep_cmd.sweep_plan(_args())
     assert base == {}
-    assert plan["alpha_k"] == [1, 2, 3, 5, 8, 16, 32, 64, 255] == plan["alpha_v"]
+    assert plan["alpha_k"] == [0.125, 0.25, 0.5, 1, 2, 3, 5, 8, 16, 32, 64, 255] == plan["alpha_v"]
     assert plan["v_axis"] == ["channel", "token"]
     assert plan["num_sink_tokens"] == [0, 1, 2, 4, 8]
     assert plan["anchor_bits"] == [2, 3, 4, 6]
+    assert plan["center"] == ["mean", "midrange"]
 
 
 def test_plan_with_preset_overrides_and_subset():
