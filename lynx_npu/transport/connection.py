@@ -33,7 +33,10 @@ class SocketReader:
         buf = bytearray(n)
         view, got = memoryview(buf), 0
         while got < n:
-            r = self._file.readinto(view[got:])
+            try:
+                r = self._file.readinto(view[got:])
+            except ValueError:  # the file was closed under us: close() from another thread
+                r = 0
             if not r:
                 raise TruncatedFrameError(f"connection closed after {got} of {n} bytes")
             got += r

@@ -110,8 +110,8 @@ def test_contradicting_frames_fail_the_request_on_both_sides():
         assert sender.send(4, codec, make_layers(1, 64)).wait(WAIT)
         assert receiver.request(4).wait(WAIT)
         receiver.release(4)
-        sender.send(5, codec, make_layers(1, 64))
-        assert receiver.request(5).wait(WAIT)
+        first = sender.send(5, codec, make_layers(1, 64))
+        assert receiver.request(5).wait(WAIT) and first.wait(WAIT)
         bad = sender.send(5, codec, make_layers(1, 70))  # the sender finished 5: id is free
         with pytest.raises(RemoteError, match="describes the request"):
             bad.wait(WAIT)
