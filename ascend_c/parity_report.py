@@ -29,7 +29,7 @@ def _kv(h: int, t: int, d: int, dtype: torch.dtype, seed: int):
 
 
 def compare(preset: str, dtype: torch.dtype, h: int, t: int, d: int, seed: int = 0) -> dict:
-    codec = LynxCodec(preset)
+    codec = LynxCodec(preset, center="mean")
     cfg = codec.config
     k, v = _kv(h, t, d, dtype, seed)
     ref = codec.encode(k, v)

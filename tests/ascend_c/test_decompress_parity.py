@@ -32,7 +32,7 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("preset,overrides", CONFIGS, ids=_ids)
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)
 def test_dense_output_is_bit_identical(host_build, stage, dtype, preset, overrides, shape):
-    codec = LynxCodec(preset, **overrides)
+    codec = LynxCodec(preset, **{"center": "mean", **overrides})
     k, v = random_kv(*shape, dtype, seed=2)
     enc = codec.encode(k, v)
     want_k, want_v = codec.decode(enc, stage)
@@ -44,7 +44,7 @@ def test_dense_output_is_bit_identical(host_build, stage, dtype, preset, overrid
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64], ids=_ids)
 @pytest.mark.parametrize("stage", ["anchor", "full"])
 def test_paged_output_lands_in_the_slots(host_build, slot_dtype, stage):
-    codec = LynxCodec(page_size=64, chunk_size=16)
+    codec = LynxCodec(center="mean", page_size=64, chunk_size=16)
     h, t, d, block_size, num_blocks = 2, 150, 32, 16, 16
     k, v = random_kv(h, t, d, torch.bfloat16, seed=3)
     enc = codec.encode(k, v)
@@ -65,7 +65,7 @@ def test_paged_output_lands_in_the_slots(host_build, slot_dtype, stage):
 
 
 def test_rejects_wrong_streams(host_build):
-    codec = LynxCodec()
+    codec = LynxCodec(center="mean")
     k, v = random_kv(2, 40, 32, torch.float16)
     enc = codec.encode(k, v)
     with pytest.raises(ValueError, match="bytes; the layout needs"):

@@ -17,7 +17,7 @@ SHAPE = (2, 600, 128)  # with 256-token pages: several row blocks per page
 
 @pytest.fixture(scope="module")
 def layer():
-    codec = LynxCodec()
+    codec = LynxCodec(center="mean")
     k, v = random_kv(*SHAPE, torch.bfloat16, seed=4)
     return codec.config, k, v
 

@@ -17,7 +17,7 @@ def _codec_args(cfg):
 @pytest.mark.parametrize("shape", [(2, 300, 64), (4, 3, 128), (1, 1000, 16)])
 def test_meta_shapes_match_the_reference_streams(host_build, shape):
     host_build.load_op_schema()
-    codec = LynxCodec()
+    codec = LynxCodec(center="mean")
     k, v = random_kv(*shape, torch.bfloat16)
     enc = codec.encode(k, v)
     meta = dict(device="meta")
@@ -34,7 +34,7 @@ def test_meta_shapes_match_the_reference_streams(host_build, shape):
 
 def test_schema_rejects_unsupported_requests_and_has_no_cpu_kernel(host_build):
     host_build.load_op_schema()
-    args = _codec_args(LynxCodec().config)
+    args = _codec_args(LynxCodec(center="mean").config)
     x = torch.empty(2, 10, 24, dtype=torch.float16, device="meta")
     thr = torch.empty(128, device="meta")
     with pytest.raises(RuntimeError, match="head_dim=24"):
