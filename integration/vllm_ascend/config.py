@@ -50,6 +50,7 @@ class LynxConnectorConfig:
     residual_timeout_s: float = 30.0   # residual not complete this long after the anchor: recompute
     transfer_timeout_s: float = 600.0  # whole transfer (first frame or request to residual)
     num_decode_threads: int = 1        # receiver threads dequantizing pages
+    fast_decode: bool = True           # Lynx pages through lynx_npu.ops, not the reference
     # both
     secret: str | None = None          # shared secret (>= 16 chars) authenticating the peers
 

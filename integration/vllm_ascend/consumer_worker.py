@@ -20,6 +20,7 @@ from lynx_npu.transport import Receiver, ReceiverConfig
 
 from .config import LynxConnectorConfig
 from .kv_cache_io import PagedKV
+from .page_decoder import accelerate
 from .messages import LoadJob, LoadReport, LynxWorkerMeta, RefineReport
 from .vllm_compat import get_logger
 
@@ -35,10 +36,19 @@ class _Transfer:
     busy: bool = False                 # a copy job of this step touches its blocks
 
 
+class _Receiver(Receiver):
+    """The transport's receiver, decoding Lynx pages with lynx_npu.ops (page_decoder.py).
+
+    Overrides the receiver's codec construction (``_codec``), which has no public hook yet."""
+
+    def _codec(self, codec_id, params):
+        return accelerate(super()._codec(codec_id, params))
+
+
 class ConsumerWorker:
     def __init__(self, config: LynxConnectorConfig, rank: int, world_size: int):
         self.config, self.rank, self.world_size = config, rank, world_size
-        self.receiver = Receiver(ReceiverConfig(
+        self.receiver = (_Receiver if config.fast_decode else Receiver)(ReceiverConfig(
             host=config.host, port=config.port + rank if config.port else 0,
             deadline_s=config.transfer_timeout_s, num_decode_threads=config.num_decode_threads,
             secret=config.secret_bytes))
