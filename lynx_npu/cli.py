@@ -7,6 +7,8 @@ stays fast and a missing optional dependency only breaks the command that needs 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import importlib
 import sys
 
@@ -21,27 +23,35 @@ COMMANDS: dict[tuple[str | None, str], tuple[str, str]] = {
 }
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lynx", description=__doc__.splitlines()[0])
+def _build_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lynx", description=__doc__.splitlines()[0],
+                                     add_help=add_help)
     top = parser.add_subparsers(dest="group", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
     for (group, name), (module, help_) in COMMANDS.items():
         if group is None:
-            sub = top.add_parser(name, help=help_)
+            sub = top.add_parser(name, help=help_, add_help=add_help)
         else:
             if group not in groups:
-                groups[group] = top.add_parser(group, help=f"{group} commands").add_subparsers(
+                groups[group] = top.add_parser(group, help=f"{group} commands",
+                                               add_help=add_help).add_subparsers(
                     dest="command", required=True)
-            sub = groups[group].add_parser(name, help=help_)
+            sub = groups[group].add_parser(name, help=help_, add_help=add_help)
         sub.set_defaults(_module=module)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = _build_parser()
-    # Parse once to find the module, then let it add its own arguments and parse again.
-    known, _ = parser.parse_known_args(argv)
+    # Parse once without -h to find the module, then let it add its own arguments and parse
+    # again, so `lynx bench transfer --help` lists that command's options.
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # the second parse reports errors
+            known, _ = _build_parser(add_help=False).parse_known_args(argv)
+    except SystemExit:
+        known = None
+    if known is None or not hasattr(known, "_module"):
+        return int(_build_parser().parse_args(argv) or 0)  # prints usage / help and exits
     module = importlib.import_module(known._module)
     sub = _build_parser()
     for action in sub._subparsers._group_actions:  # find the chosen leaf parser
