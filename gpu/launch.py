@@ -25,6 +25,8 @@ from .lynx_decompress import lynx_decompress_kernel
 NAME = "triton"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_TILE = 16384      # values per program (registers)
+# Inputs whose nonzero |x| are all >= this take the FMA division (see lynx_compress._normalise).
+SAFE_MIN = {torch.float16: 0.0, torch.bfloat16: 2.0 ** -95, torch.float32: 2.0 ** -79}
 MAX_PAGE = 1024
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
 TUNING = {"compress": {"BD": None, "num_warps": None, "TREE": True},
@@ -39,19 +41,20 @@ def _blocks(cfg, head_dim: int, which: str) -> dict:
     bt = _pow2(cfg.page_size)
     c = cfg.chunk_size
     token = cfg.axis(which) == "token"
+    # Measured on an H100 (docs/benchmarks.md): 4 warps over [BT, 16] tiles beat wider tiles.
     if token:
         bd = min(c, _pow2(head_dim)) if c > 32 else min(32, _pow2(head_dim))
         bd = max(bd, 8)
         ce = min(c, bd)
     else:
-        bd = max(8, min(32, _pow2(head_dim), MAX_TILE // 2 // bt))
+        bd = max(8, min(16, _pow2(head_dim), MAX_TILE // 2 // bt))
         ce = c
     tune = TUNING["compress"]
     if tune["BD"] and (not token or tune["BD"] % ce == 0):
         bd = tune["BD"]
     return {"TOKEN_AXIS": token, "BT": bt, "BD": bd, "C": c, "CE": ce,
             "num_dt": triton.cdiv(head_dim, bd),
-            "num_warps": tune["num_warps"] or (8 if bt * bd <= 8192 else 16)}
+            "num_warps": tune["num_warps"] or (4 if bt * bd <= 8192 else 8)}
 
 
 def _decode_blocks(cfg, head_dim: int, which: str) -> dict:
@@ -67,10 +70,12 @@ def _decode_blocks(cfg, head_dim: int, which: str) -> dict:
         tb = c
         bd = tune["BD"] or max(8, min(_pow2(head_dim), 2048 // c))
     return {"TOKEN_AXIS": b["TOKEN_AXIS"], "TB": tb, "NTB": triton.cdiv(b["BT"], tb), "BD": bd,
-            "C": c, "num_dt": triton.cdiv(head_dim, bd), "num_warps": tune["num_warps"] or 4}
+            "C": c, "num_dt": triton.cdiv(head_dim, bd), "num_warps": tune["num_warps"] or 2}
 
 
 def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
+    if cfg.center not in ("mean", "midrange"):
+        return f"center={cfg.center!r}"
     if dtype not in DTYPES:
         return f"dtype {dtype} (float16, bfloat16, float32 only)"
     if head_dim % 8:
@@ -145,7 +150,8 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
             tabs["thresholds"][wi], tabs["bucket"][wi], t.shift, t.key_lo,
             plan.num_kv_heads, plan.head_dim, blk["num_dt"],
             BT=blk["BT"], CE=blk["CE"], BIAS=cfg.bias, PROBES=t.num_probes,
-            TREE=TUNING["compress"]["TREE"],
+            MIDRANGE=cfg.center == "midrange", TREE=TUNING["compress"]["TREE"],
+            SAFE_MIN=SAFE_MIN[k.dtype],
             **_common(cfg, blk, es, wi))
     return anchor, residual
 

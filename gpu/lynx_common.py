@@ -3,10 +3,10 @@
 Every helper reproduces a step of lynx_npu/codec/lynx_ref.py exactly (float32, IEEE division
 via ``tl.math.div_rn``, no FMA: launchers pass ``enable_fp_fusion=False``):
 
-* ``tree_sum_mid`` / ``tree_sum_last``: the chunk sum in the fixed pairwise order the CPU kernel
-  uses too (zero-pad to a power of two, fold halves s[i] += s[i + n/2]): each fold is a sum over
-  an axis of size 2, a single commutative add, so the result does not depend on how Triton lays
-  the tile out.
+* ``tree_sum_mid`` / ``tree_sum_last``: the chunk sum in the reference's fixed order
+  (lynx_ref.tree_sum: zero-pad to a power of two, add adjacent pairs s[i] = x[2i] + x[2i+1]):
+  each level is a sum over an axis of size 2, a single commutative add, so the result does not
+  depend on how Triton lays the tile out.
 * ``codes``: I = #{thresholds <= |x|} by the bucket index of lynx_npu/ops/tables.py.
 * ``pack_store`` / ``unpack_load``: the LSB-first bit stream of lynx_npu/codec/packing.py.
 
@@ -20,8 +20,8 @@ ONE_BITS = tl.constexpr(0x3F800000)  # float32 bits of 1.0
 
 @triton.jit
 def _fold_mid(x, A: tl.constexpr, N: tl.constexpr, B: tl.constexpr):
-    """[A, N, B] -> [A, N // 2, B] with s[i] = x[i] + x[i + N // 2]."""
-    return tl.sum(tl.reshape(x, [A, 2, N // 2, B]), axis=1)
+    """[A, N, B] -> [A, N // 2, B] with s[i] = x[2i] + x[2i + 1]."""
+    return tl.sum(tl.reshape(x, [A, N // 2, 2, B]), axis=2)
 
 
 @triton.jit
@@ -121,6 +121,40 @@ def unpack_rows(ptr, row_byte, mask_rows, ncols, R: tl.constexpr, BD: tl.constex
 
 
 @triton.jit
+def unpack_groups(ptr, row_byte, mask_rows, ncols, R: tl.constexpr, G: tl.constexpr,
+                  BITS: tl.constexpr):
+    """Signed BITS-bit codes [R, G, 8]: row r holds 8*G consecutive stream values from byte
+    ``row_byte[r]``; values past ``ncols`` read as 0. Each group of 8 values is BITS bytes,
+    loaded together and split in registers (the last axis stays inside one thread)."""
+    NB: tl.constexpr = 4 if BITS <= 4 else 8   # bytes loaded per group (BITS used)
+    g = tl.arange(0, G)
+    j = tl.arange(0, NB)
+    m = mask_rows[:, None, None] & (g * 8 < ncols)[None, :, None] & (j < BITS)[None, None, :]
+    b = tl.load(ptr + row_byte[:, None, None] + (g * BITS)[None, :, None] + j[None, None, :],
+                mask=m, other=0)
+    if BITS <= 4:
+        word = tl.sum(b.to(tl.int32) << (j * 8)[None, None, :], axis=2)
+        sh = tl.arange(0, 8) * BITS
+        v = (word[:, :, None] >> sh[None, None, :]) & ((1 << BITS) - 1)
+    else:
+        word = tl.sum(b.to(tl.int64) << (j.to(tl.int64) * 8)[None, None, :], axis=2)
+        sh = tl.arange(0, 8).to(tl.int64) * BITS
+        v = ((word[:, :, None] >> sh[None, None, :]) & ((1 << BITS) - 1)).to(tl.int32)
+    half: tl.constexpr = 1 << (BITS - 1)
+    return (v ^ half) - half
+
+
+@triton.jit
+def div_known(x, b, y):
+    """x / b rounded to nearest, given y = RN(1 / b): q = x*y, r = x - q*b (exact with an FMA),
+    q + r*y (Markstein). Equal to IEEE division whenever r does not underflow: x == 0 or
+    |x| >= 2**-102, with a normal quotient (callers guard the rest)."""
+    q = x * y
+    r = tl.fma(-q, b, x)
+    return tl.fma(r, y, q)
+
+
+@triton.jit
 def minmax(x, mask, axis: tl.constexpr):
     """(min, max) of x over ``axis`` where mask, in one reduction."""
     return tl.reduce((tl.where(mask, x, float("inf")), tl.where(mask, x, float("-inf"))), axis,
@@ -130,6 +164,19 @@ def minmax(x, mask, axis: tl.constexpr):
 @triton.jit
 def minmax_combine(a_lo, a_hi, b_lo, b_hi):
     return tl.minimum(a_lo, b_lo), tl.maximum(a_hi, b_hi)
+
+
+@triton.jit
+def minmax_tiny(x, mask, axis: tl.constexpr):
+    """(min, max, smallest nonzero |x|) of x over ``axis`` where mask, in one reduction."""
+    ax = tl.abs(x)
+    return tl.reduce((tl.where(mask, x, float("inf")), tl.where(mask, x, float("-inf")),
+                      tl.where(mask & (ax > 0), ax, float("inf"))), axis, _minmax_tiny_combine)
+
+
+@triton.jit
+def _minmax_tiny_combine(a_lo, a_hi, a_t, b_lo, b_hi, b_t):
+    return tl.minimum(a_lo, b_lo), tl.maximum(a_hi, b_hi), tl.minimum(a_t, b_t)
 
 
 @triton.jit

@@ -6,15 +6,16 @@ codes there, and writes each output once: gamma, chunk statistics, packed anchor
 codes, the page-0 sink tokens and (one program per page) the zero alignment padding. Byte
 offsets come from the page plan (lynx_npu/ops/plan.py). The chunk tile is [NC, C, BD] for the
 channel axis (C tokens of a channel) and [BT, NCD, CE] for the token axis (CE head_dim values
-of a token), so chunk reductions are plain axis reductions. ``TREE=False`` (benchmarks only)
-sums chunks with tl.sum instead of the fixed pairwise order, to measure what the order costs.
+of a token), so chunk reductions are plain axis reductions. The chunk centre is the midrange
+(MIDRANGE) or the mean summed in the reference's pairwise tree. ``TREE=False`` (benchmarks
+only) sums with tl.sum instead, to measure what the fixed order costs.
 """
 import triton
 import triton.language as tl
 
 from lynx_npu.ops import plan as P
 
-from .lynx_common import codes, minmax, minmax_combine, pack_store, tree_sum_last, tree_sum_mid
+from .lynx_common import (codes, div_known, minmax, minmax_combine, minmax_tiny, pack_store, tree_sum_last, tree_sum_mid)
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -46,6 +47,31 @@ def _codes_and_pack(xf, R: tl.constexpr, BD: tl.constexpr, t, tmask, h, tp, D, d
 
 
 @triton.jit
+def _min_max_min(a_lo, a_hi, a_t, b_lo, b_hi, b_t):
+    return tl.minimum(a_lo, b_lo), tl.maximum(a_hi, b_hi), tl.minimum(a_t, b_t)
+
+
+@triton.jit
+def _normalise(x, xmin, scale, tiny, m, SAFE_MIN: tl.constexpr):
+    """(x - gmin) / scale, 0 where scale == 0, rounded like IEEE division.
+
+    With a reciprocal per channel and two FMAs (div_known) when every column of the tile is
+    safe for it: nonzero |x| >= SAFE_MIN (so nonzero x - gmin >= 2**-102: 2**-95 for bfloat16,
+    2**-79 for float32 inputs, any float16) and scale <= 2**24 (normal quotients); else (never on
+    real KV) IEEE division. ``tiny`` is the smallest nonzero |x| per column, ``m`` the column
+    mask."""
+    sc = tl.where(scale > 0, scale, 1.0)
+    ok = (scale <= 16777216.0) | (m == 0)
+    if SAFE_MIN > 0:
+        ok = ok & ((tiny >= SAFE_MIN) | (m == 0))
+    if tl.min(ok.to(tl.int32)) == 1:
+        xn = div_known(x - xmin, sc, tl.math.div_rn(tl.full(sc.shape, 1.0, tl.float32), sc))
+    else:
+        xn = tl.math.div_rn(x - xmin, sc)
+    return tl.where(scale > 0, xn, 0.0)
+
+
+@triton.jit
 def lynx_compress_kernel(
         x_ptr, s_h, s_t, s_d,            # K or V [H, T, D] and its strides (elements)
         a8_ptr, akv_ptr, a16_ptr,        # the anchor buffer as uint8 / KV dtype / float16
@@ -56,7 +82,7 @@ def lynx_compress_kernel(
         WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
         C: tl.constexpr, CE: tl.constexpr, BS: tl.constexpr, ES: tl.constexpr,
         A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr, PROBES: tl.constexpr,
-        TREE: tl.constexpr = True):
+        MIDRANGE: tl.constexpr, SAFE_MIN: tl.constexpr, TREE: tl.constexpr = True):
     dt = tl.program_id(0) % NUM_DT  # channel tiles vary fastest: neighbours share input rows
     page = tl.program_id(0) // NUM_DT
     h = tl.program_id(1)
@@ -100,19 +126,26 @@ def lynx_compress_kernel(
         m3 = (t3 < tp) & dmask[None, None, :]
         x = tl.load(xh + (body0 + t3) * s_t + dd[None, None, :] * s_d, mask=m3,
                     other=0.0).to(tl.float32)
-        gmin, gmax = minmax(x, m3, 1)
-        gmin, gmax = tl.reduce((gmin, gmax), 0, minmax_combine)
-        scale = gmax - gmin
-        sc = tl.where(scale > 0, scale, 1.0)[None, None, :]
-        xn = tl.where((scale > 0)[None, None, :], tl.math.div_rn(x - gmin[None, None, :], sc), 0.0)
+        gmin, gmax, tiny = minmax_tiny(x, m3, 1)
+        gmin, gmax, tiny = tl.reduce((gmin, gmax, tiny), 0, _min_max_min)
+        xn = _normalise(x, gmin[None, None, :], (gmax - gmin)[None, None, :],
+                        tiny[None, None, :], dmask.to(tl.int32)[None, None, :], SAFE_MIN)
         xn = tl.where(m3, xn, 0.0)
-        count = tl.maximum(tl.minimum(tp - c * C, C), 1).to(tl.float32)
-        csum = tree_sum_mid(xn, NC, C, BD) if TREE else tl.sum(xn, axis=1)
-        mu = tl.math.div_rn(csum, count[:, None]).to(tl.float16)
+        if MIDRANGE:
+            lo, hi = minmax(xn, m3, 1)
+            mu = ((hi + lo) * 0.5).to(tl.float16)  # * 0.5 == / 2 exactly
+        else:
+            count = tl.maximum(tl.minimum(tp - c * C, C), 1).to(tl.float32)
+            csum = tree_sum_mid(xn, NC, C, BD) if TREE else tl.sum(xn, axis=1)
+            mu = tl.math.div_rn(csum, count[:, None]).to(tl.float16)
         xc = xn - mu.to(tl.float32)[:, None, :]
         sigma = tl.max(tl.where(m3, tl.abs(xc), 0.0), axis=1).to(tl.float16)
-        sg = sigma.to(tl.float32)[:, None, :]
-        xf = tl.where(sg > 0, tl.math.div_rn(xc, tl.where(sg > 0, sg, 1.0)), 0.0)
+        sg = tl.where(sigma > 0, sigma.to(tl.float32), 1.0)
+        # codes only compare |xf| with thresholds >= 5e-8: the FMA division is exact where it
+        # matters (|xc| >= 2**-102) and keeps the sign everywhere
+        xf = tl.where((sigma > 0)[:, None, :],
+                      div_known(xc, sg[:, None, :], tl.math.div_rn(tl.full(sg.shape, 1.0, tl.float32), sg)[:, None, :]),
+                      0.0)
         nct = (tp + C - 1) // C
         sidx = (h * nct + c[:, None]) * D + dd[None, :]
         smask = (c < nct)[:, None] & dmask[None, :]
@@ -132,19 +165,24 @@ def lynx_compress_kernel(
         m3 = tm3 & (d3 < D)
         x = tl.load(xh + (body0 + t)[:, None, None] * s_t + d3 * s_d, mask=m3,
                     other=0.0).to(tl.float32)
-        gmin, gmax = minmax(x, m3, 0)  # [NCD, CE]
-        scale = gmax - gmin
-        sc = tl.where(scale > 0, scale, 1.0)[None, :, :]
-        xn = tl.where((scale > 0)[None, :, :], tl.math.div_rn(x - gmin[None, :, :], sc), 0.0)
+        gmin, gmax, tiny = minmax_tiny(x, m3, 0)  # [NCD, CE]
+        xn = _normalise(x, gmin[None, :, :], (gmax - gmin)[None, :, :], tiny[None, :, :],
+                        (d3 < D).to(tl.int32), SAFE_MIN)
         xn = tl.where(m3, xn, 0.0)
         c0 = d0 + cd * CE  # first head_dim index of each chunk
-        count = tl.maximum(tl.minimum(D - c0, C), 1).to(tl.float32)
-        csum = tree_sum_last(xn, BT, NCD, CE) if TREE else tl.sum(xn, axis=2)
-        mu = tl.math.div_rn(csum, count[None, :]).to(tl.float16)
+        if MIDRANGE:
+            lo, hi = minmax(xn, m3, 2)
+            mu = ((hi + lo) * 0.5).to(tl.float16)
+        else:
+            count = tl.maximum(tl.minimum(D - c0, C), 1).to(tl.float32)
+            csum = tree_sum_last(xn, BT, NCD, CE) if TREE else tl.sum(xn, axis=2)
+            mu = tl.math.div_rn(csum, count[None, :]).to(tl.float16)
         xc = xn - mu.to(tl.float32)[:, :, None]
         sigma = tl.max(tl.where(m3, tl.abs(xc), 0.0), axis=2).to(tl.float16)
-        sg = sigma.to(tl.float32)[:, :, None]
-        xf = tl.where(sg > 0, tl.math.div_rn(xc, tl.where(sg > 0, sg, 1.0)), 0.0)
+        sg = tl.where(sigma > 0, sigma.to(tl.float32), 1.0)
+        xf = tl.where((sigma > 0)[:, :, None],
+                      div_known(xc, sg[:, :, None], tl.math.div_rn(tl.full(sg.shape, 1.0, tl.float32), sg)[:, :, None]),
+                      0.0)
         ncd = (D + C - 1) // C
         sidx = (h * tp + t[:, None]) * ncd + (c0 // C)[None, :]
         smask = (t < tp)[:, None] & (c0 < D)[None, :]

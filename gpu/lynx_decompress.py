@@ -14,7 +14,7 @@ import triton.language as tl
 
 from lynx_npu.ops import plan as P
 
-from .lynx_common import unpack_rows
+from .lynx_common import unpack_groups
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -92,42 +92,46 @@ def lynx_decompress_kernel(
         at, ok = _row_address(token0 + s, s < ns, slots_ptr, block_size, s_block, s_tok, PAGED)
         tl.store(out + at[:, None] + dd[None, :] * s_dim, vals.to(odt), mask=sm & ok[:, None])
 
+    # The tile is [TB rows, G groups, 8 values]: a group of 8 values is A_BITS (R_BITS) bytes
+    # of codes and 16 output bytes (bf16), all inside one thread.
+    G: tl.constexpr = BD // 8
     t = tb * TB + tl.arange(0, TB)  # tokens of the page body
     tmask = t < tp
-    m2 = tmask[:, None] & dmask[None, :]
+    d3 = (d0 + tl.arange(0, G)[:, None] * 8 + tl.arange(0, 8)[None, :])[None, :, :]  # [1, G, 8]
+    m3 = tmask[:, None, None] & (d3 < D)
     e0 = (h * tp + t) * D + d0      # stream position of each row's first value
-    a = unpack_rows(a8_ptr + tl.load(row + F_CODES + WHICH), (e0 * A_BITS) >> 3, tmask, D - d0,
-                    TB, BD, A_BITS)
+    a = unpack_groups(a8_ptr + tl.load(row + F_CODES + WHICH), (e0 * A_BITS) >> 3, tmask,
+                      D - d0, TB, G, A_BITS)
     neg = a < 0
-    code = tl.where(neg, -a - 1, a) << R_BITS
+    code = (a ^ (a >> 31)) << R_BITS  # -a - 1 == ~a for negative anchors
     if HAS_RES:
-        code -= unpack_rows(r8_ptr + tl.load(row + F_RES + WHICH), (e0 * R_BITS) >> 3, tmask,
-                            D - d0, TB, BD, R_BITS)
+        code -= unpack_groups(r8_ptr + tl.load(row + F_RES + WHICH), (e0 * R_BITS) >> 3, tmask,
+                              D - d0, TB, G, R_BITS)
     code = tl.minimum(tl.maximum(code, 0), YMAX)
-    mag = tl.load(lv_ptr + code, mask=m2, other=0.0)
+    mag = tl.load(lv_ptr + code, mask=m3, other=0.0)
     xf = tl.where(neg, -mag, mag)
 
     gamma = akv_ptr + tl.load(row + F_GAMMA + WHICH) // ES
     stats = a16_ptr + tl.load(row + F_STATS + WHICH) // 2
-    gl = dd < tl.minimum(tp, 1) * D
-    gmin = tl.load(gamma + h * D + dd, mask=gl, other=0.0).to(tl.float32)
-    gmax = tl.load(gamma + H * D + h * D + dd, mask=gl, other=0.0).to(tl.float32)
+    gl = d3 < tl.minimum(tp, 1) * D
+    gmin = tl.load(gamma + h * D + d3, mask=gl, other=0.0).to(tl.float32)
+    gmax = tl.load(gamma + H * D + h * D + d3, mask=gl, other=0.0).to(tl.float32)
     if not TOKEN_AXIS:
         nct = (tp + C - 1) // C
-        sidx = (h * nct + tb) * D + dd
-        smask = dd < D * (tb < nct).to(tl.int32)
+        sidx = (h * nct + tb) * D + d3
+        smask = d3 < D * (tb < nct).to(tl.int32)
         mu = tl.load(stats + sidx, mask=smask, other=0.0).to(tl.float32)
         sg = tl.load(stats + H * nct * D + sidx, mask=smask, other=0.0).to(tl.float32)
-        xn = xf * sg[None, :] + mu[None, :]
+        xn = xf * sg + mu
     else:
         ncd = (D + C - 1) // C
         sidx = (h * tp + t) * ncd + d0 // C
-        mu = tl.load(stats + sidx, mask=tmask, other=0.0).to(tl.float32)
-        sg = tl.load(stats + H * tp * ncd + sidx, mask=tmask, other=0.0).to(tl.float32)
-        xn = xf * sg[:, None] + mu[:, None]
-    x = xn * (gmax - gmin)[None, :] + gmin[None, :]
+        mu = tl.load(stats + sidx, mask=tmask, other=0.0).to(tl.float32)[:, None, None]
+        sg = tl.load(stats + H * tp * ncd + sidx, mask=tmask, other=0.0).to(tl.float32)[:, None, None]
+        xn = xf * sg + mu
+    x = xn * (gmax - gmin) + gmin
     at, ok = _row_address(body0 + t, tmask, slots_ptr, block_size, s_block, s_tok, PAGED)
     if ALIGN > 1:
         at = tl.multiple_of(at, ALIGN)
-    tl.store(out + at[:, None] + dd[None, :] * s_dim, _to_out(x, odt, INTERPRET),
-             mask=m2 & ok[:, None])
+    tl.store(out + at[:, None, None] + d3 * s_dim, _to_out(x, odt, INTERPRET),
+             mask=m3 & ok[:, None, None])

@@ -19,13 +19,12 @@ from lynx_npu.eval.bench_kernels import _time, synthetic_kv
 
 from . import launch
 
-COMPRESS = [dict(BD=16, num_warps=4), dict(BD=32, num_warps=8), dict(BD=8, num_warps=2),
-            dict(BD=8, num_warps=1), dict(BD=16, num_warps=2), dict(BD=32, num_warps=4),
-            dict(BD=16, num_warps=4, TREE=False)]
+COMPRESS = [dict(BD=16, num_warps=4), dict(BD=32, num_warps=4), dict(BD=16, num_warps=8),
+            dict(BD=8, num_warps=2), dict(BD=32, num_warps=8)]
 # TB: tokens per program on the token axis; BD: channels per program on the channel axis.
-DECOMPRESS = [dict(TB=64, BD=64, num_warps=4), dict(TB=32, BD=32, num_warps=2),
-              dict(TB=128, BD=128, num_warps=4), dict(TB=64, BD=64, num_warps=2),
-              dict(TB=128, BD=128, num_warps=8), dict(TB=32, BD=64, num_warps=1)]
+DECOMPRESS = [dict(TB=64, BD=64, num_warps=2), dict(TB=128, BD=128, num_warps=4),
+              dict(TB=64, BD=128, num_warps=2), dict(TB=32, BD=64, num_warps=1),
+              dict(TB=128, BD=64, num_warps=4)]
 
 
 def main(argv=None) -> int:
@@ -35,10 +34,11 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--json")
+    p.add_argument("--center", default="midrange", choices=["midrange", "mean"])
     p.add_argument("--once", action="store_true",
                    help="run each op once with the defaults (for a profiler), time nothing")
     args = p.parse_args(argv)
-    cfg = make_config()
+    cfg = make_config(center=args.center)
     (k, v), = synthetic_kv(1, args.heads, args.tokens, args.head_dim, torch.bfloat16, "cuda")
     if args.once:
         a, r = ops.compress(k, v, cfg, backend="triton")

@@ -44,7 +44,7 @@ class _Table(ctypes.Structure):
 class _Params(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("num_heads", "head_dim", "chunk", "anchor_bits",
                                               "residual_bits", "bias", "y_max", "dtype",
-                                              "num_threads")] + [("t", _Table * 2)]
+                                              "num_threads", "midrange")] + [("t", _Table * 2)]
 
 
 class _Dest(ctypes.Structure):
@@ -114,7 +114,7 @@ def _lib():
             lib = ctypes.CDLL(str(build()))
             lib.lynx_cpu_abi.restype = ctypes.c_int64
             lib.lynx_cpu_abi.argtypes = [ctypes.c_int64]
-            want = {0: 1, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
+            want = {0: 2, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
             for what, value in want.items():
                 got = lib.lynx_cpu_abi(what)
                 if got != value:
@@ -136,6 +136,8 @@ def openmp() -> bool:
 
 
 def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:
+    if cfg.center not in ("mean", "midrange"):
+        return f"center={cfg.center!r}"
     if dtype not in _DTYPE_CODE:
         return f"dtype {dtype} (float16, bfloat16, float32 only)"
     return None
@@ -148,7 +150,7 @@ def _params(cfg, plan: LayerPlan, keep: list) -> _Params:
     keep.append(tabs)
     p = _Params(plan.num_kv_heads, plan.head_dim, cfg.chunk_size, cfg.anchor_bits,
                 cfg.residual_bits, cfg.bias, cfg.y_max, _DTYPE_CODE[plan.dtype],
-                torch.get_num_threads())
+                torch.get_num_threads(), int(cfg.center == "midrange"))
     for i, which in enumerate("kv"):
         t = tabs[which]
         p.t[i] = _Table(tabs["thresholds"][i].data_ptr(), tabs["levels"][i].data_ptr(),

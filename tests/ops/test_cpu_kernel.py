@@ -1,10 +1,9 @@
 """The ``cpu`` backend (JIT-built C++ kernel) against the reference codec.
 
-Bytes: equal to the reference with the kernels' chunk-sum order (tree_reference.py) for every
-size, split, axis, sink count and dtype; equal to the official reference on exact-sum inputs;
-within the documented bounds of it on real-looking inputs. Values: decompression of reference
-streams equals the reference decoder bit for bit, dense, paged (every layout) and per page.
-Every output buffer is poisoned first, so an unwritten byte fails the test.
+Bytes: equal to the reference for every size, split, axis, chunk centre, sink count and dtype.
+Values: decompression of reference streams equals the reference decoder bit for bit, dense,
+paged (every layout) and per page. Every output buffer is poisoned first, so an unwritten byte
+fails the test.
 """
 import pytest
 import torch
@@ -14,8 +13,7 @@ from lynx_npu.codec.lynx_config import LynxConfig
 from lynx_npu.ops import KV_CACHE_LAYOUTS
 from lynx_npu.ops.kv_layouts import resolve, target_view
 
-from .parity import (assert_values_within_one_step, assert_within_bounds, codec, compare_streams,
-                     exact_kv, random_kv, reference_streams)
+from .parity import CENTERS, codec, poisoned_compress, random_kv, reference_streams
 
 RAGGED = [1, 31, 33, 255, 257, 1000]
 SPLITS = [2, 3, 4, 6]
@@ -29,23 +27,10 @@ def cpu_backend():
         pytest.skip(f"cpu backend unavailable: {why}")
 
 
-def config(anchor_bits=4, v_axis="token", sinks=4, **kw):
-    return LynxConfig(center="mean", anchor_bits=anchor_bits, v_axis=v_axis,
+def config(anchor_bits=4, v_axis="token", sinks=4, center="midrange", **kw):
+    return LynxConfig(center=center, anchor_bits=anchor_bits, v_axis=v_axis,
                       k_axis="token" if v_axis == "channel" else "channel",
                       num_sink_tokens=sinks, **kw)
-
-
-def poisoned_compress(k, v, cfg, backend="cpu"):
-    """Compress into buffers pre-filled with 0x00, then 0xFF: both must give the same bytes."""
-    p = ops.layer_plan(cfg, k.shape[0], k.shape[1], k.shape[2], k.dtype)
-    outs = []
-    for fill in (0x00, 0xFF):
-        a = torch.full((p.anchor_nbytes,), fill, dtype=torch.uint8, device=k.device)
-        r = torch.full((p.residual_nbytes,), fill, dtype=torch.uint8, device=k.device)
-        outs.append(ops.compress(k, v, cfg, backend=backend, out=(a, r)))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), \
-        "some output bytes are not written"
-    return outs[0]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -53,34 +38,27 @@ def poisoned_compress(k, v, cfg, backend="cpu"):
 @pytest.mark.parametrize("v_axis", ["channel", "token"])
 @pytest.mark.parametrize("anchor_bits", SPLITS)
 def test_compress_bytes(anchor_bits, v_axis, sinks, dtype):
-    cfg = config(anchor_bits, v_axis, sinks)
-    for t in RAGGED:
-        k, v = random_kv(2, t, 32, dtype, seed=t)
-        got = poisoned_compress(k, v, cfg)
-        tree = reference_streams(cfg, k, v, tree=True)
-        assert torch.equal(got[0], tree[0]) and torch.equal(got[1], tree[1]), f"{t} tokens"
-        stats = compare_streams(cfg, k.shape, dtype, got, reference_streams(cfg, k, v))
-        assert_within_bounds(stats)
-        if stats["code_diff_values"]:
-            assert_values_within_one_step(cfg, k.shape, dtype, got, reference_streams(cfg, k, v))
+    for center in CENTERS:
+        cfg = config(anchor_bits, v_axis, sinks, center)
+        for t in RAGGED:
+            k, v = random_kv(2, t, 32, dtype, seed=t)
+            got = poisoned_compress(k, v, cfg, "cpu")
+            want = reference_streams(cfg, k, v)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (center, t)
 
 
-@pytest.mark.parametrize("anchor_bits", SPLITS)
-def test_compress_bytes_equal_official_reference_on_exact_sums(anchor_bits):
-    cfg = config(anchor_bits, "token", 4, page_size=64, chunk_size=16)
-    for t in (5, 64, 200):
-        k, v = exact_kv(cfg, 3, t, 48, torch.bfloat16, seed=t)
-        got = ops.compress(k, v, cfg, backend="cpu")
-        want = reference_streams(cfg, k, v)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
-def test_strided_input():
-    cfg = config()
-    kv = torch.randn(300, 2, 3, 32).to(torch.bfloat16)  # [T, 2, H, D], as an engine holds it
+@pytest.mark.parametrize("center", CENTERS)
+def test_strided_input_and_odd_shapes(center):
+    cfg = config(center=center, page_size=64, chunk_size=16)
+    kv = torch.randn(300, 2, 3, 40).to(torch.bfloat16)  # [T, 2, H, D], as an engine holds it
     k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)
     got = ops.compress(k, v, cfg, backend="cpu")
-    want = reference_streams(cfg, k.contiguous(), v.contiguous(), tree=True)
+    want = reference_streams(cfg, k.contiguous(), v.contiguous())
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    cfg = config(center=center, chunk_size=24, page_size=48)  # chunk not a power of two
+    k, v = random_kv(2, 100, 20, torch.float16, seed=2)
+    got = ops.compress(k, v, cfg, backend="cpu")
+    want = reference_streams(cfg, k, v)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -171,6 +149,8 @@ def test_roundtrip_interchange_with_torch_backend():
     cfg = config()
     k, v = random_kv(3, 700, 64, torch.bfloat16, seed=5)
     a, r = ops.compress(k, v, cfg, backend="cpu")
+    ta, tr = ops.compress(k, v, cfg, backend="torch")
+    assert torch.equal(a, ta) and torch.equal(r, tr)
     for stage, res in (("anchor", None), ("full", r)):
         ck = ops.decompress(a, res, cfg, k.shape, k.dtype, backend="cpu")
         tk = ops.decompress(a, res, cfg, k.shape, k.dtype, backend="torch")

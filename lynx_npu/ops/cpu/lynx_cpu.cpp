@@ -3,9 +3,10 @@
 // Built on first use by lynx_npu/ops/cpu_backend.py (g++ -O3 -march=native -ffp-contract=off
 // -fopenmp) and called through ctypes; no torch headers, so it builds in seconds.
 // Arithmetic is the reference's float32 sequence (lynx_ref.py docstring) with no FMA
-// contraction; IEEE division; f16/bf16 conversions round to nearest even. The chunk mean sums
-// in a fixed pairwise tree (zero-pad the chunk to a power of two, then fold: s[i] += s[i + n/2])
-// that the Triton kernels share, so the compiled backends agree bit for bit.
+// contraction; IEEE division; f16/bf16 conversions round to nearest even. The chunk centre is
+// the midrange f16((max + min) / 2) or the mean, summed in the reference's fixed tree (zero-pad
+// to a power of two, then add adjacent pairs: s[i] = s[2i] + s[2i+1]), so every backend agrees
+// bit for bit.
 // Codes: bucket lookup + threshold probes (lynx_npu/ops/tables.py), exact.
 // Work items: compress = (page, K|V) so each item writes one contiguous byte range;
 // decompress = (page, K|V, head).
@@ -39,7 +40,7 @@ struct Table {
 
 struct Params {
   int64_t num_heads, head_dim, chunk, anchor_bits, residual_bits, bias, y_max, dtype,
-      num_threads;
+      num_threads, midrange;  // midrange: 1 = centre (max + min) / 2, 0 = mean
   Table t[2];
 };
 
@@ -182,30 +183,28 @@ void unpack(const uint8_t* in, int64_t bit_off, int64_t n, int bits, int32_t* ou
   }
 }
 
-// Pairwise sum of v[0..n) zero-padded to np2 (a power of two >= n); scratch holds np2 floats.
+// Sum of v[0..n) in the reference's tree (lynx_ref.tree_sum): zero-pad to np2 (a power of two
+// >= n), then add adjacent pairs until one value is left. scratch holds np2 / 2 floats.
 inline float tree_sum(const float* v, int64_t n, int64_t np2, float* scratch) {
   if (np2 == 1) return v[0];
-#if defined(__AVX__)
-  if (n == np2 && np2 >= 8) {  // full chunk: fold to 8 lanes, then the same order in-register
-    __m256 acc[16];  // np2 <= 128 here; larger chunks take the generic path
-    if (np2 <= 128) {
-      int64_t k = np2 / 8;
-      for (int64_t i = 0; i < k; ++i) acc[i] = _mm256_loadu_ps(v + 8 * i);
-      for (k /= 2; k >= 1; k /= 2)
-        for (int64_t i = 0; i < k; ++i) acc[i] = _mm256_add_ps(acc[i], acc[i + k]);
-      __m128 a = _mm_add_ps(_mm256_castps256_ps128(acc[0]), _mm256_extractf128_ps(acc[0], 1));
-      a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-      a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
-      return _mm_cvtss_f32(a);
-    }
-  }
-#endif
   const int64_t half = np2 / 2;
-  for (int64_t i = 0; i < half; ++i)
-    scratch[i] = i + half < n ? v[i] + v[i + half] : (i < n ? v[i] : 0.0f);
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = 2 * i < n ? v[2 * i] : 0.0f, b = 2 * i + 1 < n ? v[2 * i + 1] : 0.0f;
+    scratch[i] = a + b;
+  }
   for (int64_t len = half / 2; len >= 1; len /= 2)
-    for (int64_t i = 0; i < len; ++i) scratch[i] = scratch[i] + scratch[i + len];
+    for (int64_t i = 0; i < len; ++i) scratch[i] = scratch[2 * i] + scratch[2 * i + 1];
   return scratch[0];
+}
+
+// (max + min) / 2 of v[0..n), the midrange centre.
+inline float midrange(const float* __restrict v, int64_t n) {
+  float hi = v[0], lo = v[0];
+  for (int64_t i = 1; i < n; ++i) {
+    hi = std::max(hi, v[i]);
+    lo = std::min(lo, v[i]);
+  }
+  return (hi + lo) / 2.0f;
 }
 
 // Centre v[0..n) on m in place; -> max |v - m| (max of non-negative float bits == float max,
@@ -384,30 +383,47 @@ void chunk_rows(const Params& p, bool token_axis, float* buf, int64_t r0, int64_
     for (int64_t d = 0; d < D; ++d)
       br[d] = scale[d] > 0.0f ? (br[d] - gmin[d]) / scale[d] : 0.0f;
   }
-  if (!token_axis) {  // one chunk = these rows (C tokens of each channel): fold rows over d
+  if (!token_axis) {  // one chunk = these rows (C tokens of each channel), vectorized over d
     const int64_t cnt = rows;
-    fold.resize(cp * D);
-    for (int64_t i = 0; i < cp / 2; ++i) {  // first level straight from buf
-      float* __restrict f = fold.data() + i * D;
-      const float* a0 = buf + (r0 + i) * D;
-      const float* a1 = buf + (r0 + i + cp / 2) * D;
-      if (i + cp / 2 < cnt)
-        for (int64_t d = 0; d < D; ++d) f[d] = a0[d] + a1[d];
-      else if (i < cnt)
-        std::memcpy(f, a0, D * sizeof(float));
-      else
-        std::memset(f, 0, D * sizeof(float));
-    }
-    if (cp == 1) std::memcpy(fold.data(), buf + r0 * D, D * sizeof(float));
-    for (int64_t len = cp / 4; len >= 1; len /= 2)
-      for (int64_t i = 0; i < len; ++i) {
-        float* __restrict a0 = fold.data() + i * D;
-        const float* __restrict a1 = fold.data() + (i + len) * D;
-        for (int64_t d = 0; d < D; ++d) a0[d] = a0[d] + a1[d];
+    if (p.midrange) {  // fold[0] = midrange per channel
+      fold.resize(2 * D);
+      float* hi = fold.data() + D;
+      std::memcpy(fold.data(), buf + r0 * D, D * sizeof(float));
+      std::memcpy(hi, buf + r0 * D, D * sizeof(float));
+      for (int64_t i = 1; i < cnt; ++i) {
+        const float* __restrict br = buf + (r0 + i) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          fold[d] = std::min(fold[d], br[d]);
+          hi[d] = std::max(hi[d], br[d]);
+        }
       }
-    const float fcnt = (float)cnt;
+      for (int64_t d = 0; d < D; ++d) fold[d] = (hi[d] + fold[d]) / 2.0f;
+    } else {  // fold[0] = tree sum per channel: rows 2i and 2i+1 first, then adjacent pairs
+      fold.resize(std::max<int64_t>(cp / 2, 1) * D);
+      if (cp == 1) std::memcpy(fold.data(), buf + r0 * D, D * sizeof(float));
+      for (int64_t i = 0; i < cp / 2; ++i) {
+        float* __restrict f = fold.data() + i * D;
+        const float* a0 = buf + (r0 + 2 * i) * D;
+        const float* a1 = buf + (r0 + 2 * i + 1) * D;
+        if (2 * i + 1 < cnt)
+          for (int64_t d = 0; d < D; ++d) f[d] = a0[d] + a1[d];
+        else if (2 * i < cnt)
+          std::memcpy(f, a0, D * sizeof(float));
+        else
+          std::memset(f, 0, D * sizeof(float));
+      }
+      for (int64_t len = cp / 4; len >= 1; len /= 2)
+        for (int64_t i = 0; i < len; ++i) {
+          float* __restrict a0 = fold.data() + i * D;
+          const float* a1 = fold.data() + 2 * i * D;
+          const float* a2 = fold.data() + (2 * i + 1) * D;
+          for (int64_t d = 0; d < D; ++d) a0[d] = a1[d] + a2[d];
+        }
+      const float fcnt = (float)cnt;
+      for (int64_t d = 0; d < D; ++d) fold[d] = fold[d] / fcnt;
+    }
     for (int64_t d = 0; d < D; ++d) {
-      const uint16_t hm = f32_to_f16(fold[d] / fcnt);
+      const uint16_t hm = f32_to_f16(fold[d]);
       mu16[d] = hm;
       mu[d] = f16_to_f32(hm);
       colmax[d] = 0.0f;
@@ -436,7 +452,8 @@ void chunk_rows(const Params& p, bool token_axis, float* buf, int64_t r0, int64_
       for (int64_t c = 0; c < ncd; ++c) {
         float* seg = br + c * C;
         const int64_t cnt = std::min(C, D - c * C);
-        const uint16_t hm = f32_to_f16(tree_sum(seg, cnt, cp, fold.data()) / (float)cnt);
+        const uint16_t hm = f32_to_f16(p.midrange ? midrange(seg, cnt)
+                                                  : tree_sum(seg, cnt, cp, fold.data()) / (float)cnt);
         const uint16_t hs = f32_to_f16(centre_absmax(seg, cnt, f16_to_f32(hm)));
         divide_or_zero(seg, cnt, f16_to_f32(hs));
         mu16[i * ncd + c] = hm;
@@ -717,7 +734,7 @@ extern "C" {
 // Layout constants the Python side checks before the first call.
 int64_t lynx_cpu_abi(int64_t what) {
   switch (what) {
-    case 0: return 1;  // ABI version
+    case 0: return 2;  // ABI version
     case 1: return NUM_FIELDS;
     case 2: return (int64_t)sizeof(Params);
     case 3: return (int64_t)sizeof(Dest);
