@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int)
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     parser.add_argument("--preset", default=None, help="lynx config preset (default: default)")
-    parser.add_argument("--center", default="mean", choices=["mean", "midrange"],
-                        help="chunk centre (default mean: the one the compiled kernels implement)")
+    parser.add_argument("--center", default=None, choices=["mean", "midrange"],
+                        help="chunk centre (default: the preset's)")
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {OPS}")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed repetitions (default 10 on accelerators, 5 on cpu)")
@@ -124,8 +124,6 @@ def run(args) -> int:
     layers = args.layers or layers
     heads, tokens, head_dim = args.kv_heads or heads, args.tokens or tokens, args.head_dim or head_dim
     dtype = getattr(torch, args.dtype)
-    # The compiled kernels implement the paper's mean centre; the default midrange centre runs
-    # on the torch reference until they do (lynx_npu.ops.backends.KERNEL_CENTERS).
     cfg = make_config(args.preset, **({"center": args.center} if args.center else {}))
     repeats = args.repeats or (5 if device == "cpu" else 10)
     want_ops = [o.strip() for o in args.ops.split(",") if o.strip()]
