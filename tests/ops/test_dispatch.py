@@ -1,4 +1,6 @@
 """Backend choice: per device, LYNX_BACKEND, explicit choices that cannot run, quiet fallback."""
+import os
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ def test_every_backend_is_registered_with_a_reason_when_absent():
     got = ops.list_backends()
     assert set(got) >= {"torch", "cpu", "triton", "ascend_c"}
     assert got["torch"] is None
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         assert got["triton"]  # a reason, e.g. no CUDA device
     assert "torch_npu" in got["ascend_c"] or "not built" in got["ascend_c"]
 
