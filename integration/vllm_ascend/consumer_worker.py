@@ -1,18 +1,22 @@
-"""Decode side, in each worker: receive the split stream, put the anchor into the paged cache
-(vLLM's async load), later refine it in place to full precision, and report both.
+"""Decode side, in each worker: receive the split stream, write each page into the paged cache as
+soon as it is dequantized, report the anchor as vLLM's async load and the refine afterwards.
 
-Every step: at ``bind`` the worker forgets the requests the scheduler released, polls the
-receiver, and starts copy jobs on a background thread (anchor -> blocks when ``anchor_ready``;
-full KV -> blocks when ``residual_ready``); in ``finish_step`` (after the step's forward) it
-joins them and reports. A job therefore never outlives the step it started in: the scheduler
-frees a request's blocks only between steps and tells the worker at the next ``bind``, so no
-late write can land in a reused block. A refine overlaps the step's forward; drafts that read a
-half-refined block are only different drafts, never wrong output (the refined values are
-reported only once every write is done, and verification runs after that).
+The receiver's threads dequantize pages and hand them to a :class:`PageInbox` (never touching
+the cache). Every engine step, at ``bind``, the worker forgets the requests the scheduler
+released, then starts one copy job on a background thread that writes the pages waiting in the
+inbox into their blocks; ``finish_step`` (after the step's forward) joins it and reports. So a
+job never outlives its step: the scheduler frees a request's blocks only between steps and names
+it at the next ``bind``, and no late write can land in a reused block. Because pages are written
+as they arrive, little is left to write when the anchor (or the residual) completes.
+
+A refine overlaps the step's forward; drafts that read a half-refined block are only different
+drafts, never wrong output: the refine is reported only once every full-precision page is
+written, and verification runs after that.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from dataclasses import dataclass
 
@@ -20,20 +24,38 @@ from lynx_npu.transport import Receiver, ReceiverConfig
 
 from .config import LynxConnectorConfig
 from .kv_cache_io import PagedKV
-from .page_decoder import accelerate
 from .messages import LoadJob, LoadReport, LynxWorkerMeta, RefineReport
+from .page_decoder import accelerate
 from .vllm_compat import get_logger
 
 log = get_logger(__name__)
+Page = tuple[int, int, int, object, object]   # (layer, token_start, token_end, k, v)
 
 
-@dataclass
-class _Transfer:
-    job: LoadJob
-    handle: object                     # lynx_npu.transport.ReceiveHandle
-    stage: str = "waiting"             # waiting -> anchor (drafting) -> done
-    anchor_ready_at: float | None = None
-    busy: bool = False                 # a copy job of this step touches its blocks
+class PageInbox:
+    """Dequantized pages per transfer, the latest stage of each page only, until written."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pages: dict[int, dict[tuple[int, int], tuple[int, object, object]]] = {}
+        self._closed: set[int] = set()
+
+    def on_page(self, transfer_id, layer, start, end, k, v, stage) -> None:
+        with self._lock:
+            if transfer_id not in self._closed:
+                self._pages.setdefault(transfer_id, {})[(layer, start)] = (end, k, v)
+
+    def take(self, transfer_id: int) -> list[Page]:
+        with self._lock:
+            pages = self._pages.pop(transfer_id, {})
+        return [(layer, s, e, k, v) for (layer, s), (e, k, v) in pages.items()]
+
+    def close(self, transfer_id: int) -> None:
+        with self._lock:
+            self._pages.pop(transfer_id, None)
+            self._closed.add(transfer_id)
+            if len(self._closed) > 4096:  # transfer ids are unique: forget the oldest
+                self._closed = set(sorted(self._closed)[-2048:])
 
 
 class _Receiver(Receiver):
@@ -45,13 +67,22 @@ class _Receiver(Receiver):
         return accelerate(super()._codec(codec_id, params))
 
 
+@dataclass
+class _Transfer:
+    job: LoadJob
+    handle: object                     # lynx_npu.transport.ReceiveHandle
+    stage: str = "waiting"             # waiting -> anchor (drafting) -> dropped
+    anchor_ready_at: float | None = None
+
+
 class ConsumerWorker:
     def __init__(self, config: LynxConnectorConfig, rank: int, world_size: int):
         self.config, self.rank, self.world_size = config, rank, world_size
+        self.inbox = PageInbox()
         self.receiver = (_Receiver if config.fast_decode else Receiver)(ReceiverConfig(
             host=config.host, port=config.port + rank if config.port else 0,
             deadline_s=config.transfer_timeout_s, num_decode_threads=config.num_decode_threads,
-            secret=config.secret_bytes))
+            secret=config.secret_bytes), on_page=self.inbox.on_page)
         self.kv: PagedKV | None = None
         self._transfers: dict[str, _Transfer] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lynx-copy")
@@ -74,8 +105,7 @@ class ConsumerWorker:
         for job in loads:
             log.debug("Lynx: %s waits for transfer %d (%d tokens)", job.req_id, job.transfer_id,
                       job.num_tokens)
-            handle = self.receiver.request(job.transfer_id)
-            self._transfers[job.req_id] = _Transfer(job, handle)
+            self._transfers[job.req_id] = _Transfer(job, self.receiver.request(job.transfer_id))
         self._poll()
 
     def finish_step(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
@@ -83,8 +113,7 @@ class ConsumerWorker:
         failed_recving) for vLLM."""
         jobs, self._jobs = self._jobs, []
         for req_id, what, fut in jobs:
-            error = fut.exception()
-            self._finish_copy(req_id, what, error)
+            self._finish_copy(req_id, what, fut.exception())
         for req_id in finished_req_ids:
             self._drop(req_id, report_recving=True)
         done, failed = self._finished_recving, self._failed_recving
@@ -103,70 +132,78 @@ class ConsumerWorker:
             if t.stage == "waiting":
                 full = h.residual_ready.is_set()
                 # No drafting allowed (max_drafts 0): start only on the full-precision KV.
-                if h.anchor_ready.is_set() and (full or not t.job.wait_full):
-                    self._start(req_id, t, "full" if full else "anchor")
-                elif h.error is not None:
-                    log.warning("Lynx: transfer %d for %s failed before its anchor: %s",
-                                t.job.transfer_id, req_id, h.error)
-                    self._failed_recving.add(req_id)
-                    self._finished_recving.add(req_id)
-                    self._drop(req_id)
-            elif t.stage == "anchor" and not t.busy:
-                if h.residual_ready.is_set():
-                    self._start(req_id, t, "refine")
-                elif h.residual_ready.error is not None:
+                ready = h.anchor_ready.is_set() and (full or not t.job.wait_full)
+                if not ready and h.error is not None:
+                    self._fail_load(req_id, f"transfer failed before its anchor: {h.error}")
+                    continue
+                what = ("full" if full else "anchor") if ready else "progress"
+            else:
+                full = h.residual_ready.is_set()
+                if not full and h.residual_ready.error is not None:
                     self._lose(req_id, f"residual transfer failed: {h.residual_ready.error}")
-                elif now - (t.anchor_ready_at or now) > self.config.residual_timeout_s:
+                    continue
+                if not full and now - t.anchor_ready_at > self.config.residual_timeout_s:
                     self._lose(req_id, f"residual not complete {self.config.residual_timeout_s}"
                                        f" s after the anchor ({h.progress()})")
+                    continue
+                what = "refine" if full else "progress"
+            # Take the pages after reading the events: a stage's pages are all in the inbox
+            # before its event is set.
+            pages = self.inbox.take(t.job.transfer_id)
+            if what != "progress" and h.num_tokens != t.job.num_tokens:
+                error = (f"transfer {t.job.transfer_id} carries {h.num_tokens} tokens, the "
+                         f"request expects {t.job.num_tokens}")
+                if what == "refine":
+                    self._lose(req_id, error)
+                else:
+                    self._fail_load(req_id, error)
+                continue
+            if pages or what != "progress":
+                self._jobs.append((req_id, what, self._pool.submit(self._write, t.job, pages)))
 
-    def _start(self, req_id: str, t: _Transfer, what: str) -> None:
+    def _write(self, job: LoadJob, pages: list[Page]) -> None:
+        """Runs on the copy thread; touches only this request's blocks."""
         if self.kv is None:
             raise RuntimeError("KV caches were never registered with the Lynx connector")
-        if t.handle.num_tokens != t.job.num_tokens:
-            self._finish_copy(req_id, what, ValueError(
-                f"transfer {t.job.transfer_id} carries {t.handle.num_tokens} tokens, the "
-                f"request expects {t.job.num_tokens}"))
-            return
-        t.busy = True
-        self._jobs.append((req_id, what, self._pool.submit(self._copy, t)))
-
-    def _copy(self, t: _Transfer) -> None:
-        """Runs on the copy thread; touches only the request's blocks and its handle."""
-        slots = self.kv.slots(t.job.block_ids, 0, t.job.num_tokens)
-        for layer in range(self.kv.num_layers):
-            self.kv.scatter(layer, slots, t.handle.k[layer], t.handle.v[layer])
+        for layer, start, end, k, v in pages:
+            if end > job.num_tokens:
+                raise ValueError(f"page [{start}, {end}) is beyond the request's "
+                                 f"{job.num_tokens} tokens")
+            self.kv.scatter(layer, self.kv.slots(job.block_ids, start, end), k, v)
 
     def _finish_copy(self, req_id: str, what: str, error: BaseException | None) -> None:
         t = self._transfers.get(req_id)
         if t is None:
             return
-        t.busy = False
-        h = t.handle
         if error is not None:
-            log.warning("Lynx: loading transfer %d (%s) for %s failed: %s", t.job.transfer_id,
-                        what, req_id, error)
-            if what == "refine":
-                self._lose(req_id, f"refine failed: {error}")
+            why = f"writing transfer {t.job.transfer_id} into the cache failed: {error}"
+            if t.stage == "anchor":
+                self._lose(req_id, why)
             else:
-                self._failed_recving.add(req_id)
-                self._finished_recving.add(req_id)
-                self._drop(req_id)
+                self._fail_load(req_id, why)
             return
-        now = time.monotonic()
+        if what == "progress":
+            return
+        h, now = t.handle, time.monotonic()
         log.debug("Lynx: %s %s in the cache (transfer %d)", req_id, what, t.job.transfer_id)
         if what == "refine":
             self._meta.refined[req_id] = RefineReport(h.residual_ready_at, now)
             self._drop(req_id)
             return
         first = h.arrivals[0][0] if h.arrivals else h.created_at
-        t.anchor_ready_at = h.anchor_ready_at
         self._meta.loaded[req_id] = LoadReport(what, first, h.anchor_ready_at, now)
         self._finished_recving.add(req_id)
         if what == "full":
             self._drop(req_id)
         else:
-            t.stage = "anchor"
+            t.stage, t.anchor_ready_at = "anchor", h.anchor_ready_at
+
+    def _fail_load(self, req_id: str, why: str) -> None:
+        """Before the anchor: vLLM recomputes the prompt (kv_load_failure_policy=recompute)."""
+        log.warning("Lynx: request %s: %s; recomputing it locally", req_id, why)
+        self._failed_recving.add(req_id)
+        self._finished_recving.add(req_id)
+        self._drop(req_id)
 
     def _lose(self, req_id: str, why: str) -> None:
         log.warning("Lynx: request %s falls back to local recompute: %s", req_id, why)
@@ -180,6 +217,7 @@ class ConsumerWorker:
         if report_recving and t.stage == "waiting":
             # vLLM holds a waiting request's blocks until its load is reported finished.
             self._finished_recving.add(req_id)
+        self.inbox.close(t.job.transfer_id)
         self.receiver.release(t.job.transfer_id)
 
     def close(self) -> None:
