@@ -121,6 +121,19 @@ def _views(anchor: torch.Tensor, dtype: torch.dtype):
     return anchor, anchor.view(dtype), anchor.view(torch.float16), es
 
 
+_WORD_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32}
+
+
+def _words(buf: torch.Tensor, bits: int):
+    """``buf`` viewed as words of ``bits`` bytes (one word per 8 packed values) and whether the
+    kernels may use it (bits in 1, 2, 4 and a whole number of words; section offsets are then
+    word multiples since head_dim % 8 == 0)."""
+    wd = _WORD_DTYPES.get(bits)
+    if wd is None or buf.numel() % bits or buf.data_ptr() % 16:
+        return buf, False
+    return buf.view(wd), True
+
+
 def _common(cfg, blk, es, which_index) -> dict:
     return dict(WHICH=which_index, TOKEN_AXIS=blk["TOKEN_AXIS"], BD=blk["BD"],
                 C=blk["C"], BS=_pow2(cfg.num_sink_tokens), ES=es,
@@ -139,6 +152,8 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
     # Every token a sink: no residual bytes; the kernel still needs a valid pointer.
     res_arg = residual if residual.numel() else torch.empty(1, dtype=torch.uint8, device=dev)
     a8, akv, a16, es = _views(anchor, k.dtype)
+    aw, a_words = _words(anchor, cfg.anchor_bits)
+    rw, r_words = _words(res_arg, cfg.residual_bits)
     tabs = device_tables(cfg, dev)
     table = plan.on(dev)
     for wi, (which, x) in enumerate((("k", k), ("v", v))):
@@ -146,12 +161,12 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
         t = tabs[which]
         grid = (plan.num_pages * blk["num_dt"], plan.num_kv_heads)
         lynx_compress_kernel[grid](
-            x, *x.stride(), a8, akv, a16, res_arg, table,
+            x, *x.stride(), a8, akv, a16, aw, res_arg, rw, table,
             tabs["thresholds"][wi], tabs["bucket"][wi], t.shift, t.key_lo,
             plan.num_kv_heads, plan.head_dim, blk["num_dt"],
             BT=blk["BT"], CE=blk["CE"], BIAS=cfg.bias, PROBES=t.num_probes,
             MIDRANGE=cfg.center == "midrange", TREE=TUNING["compress"]["TREE"],
-            SAFE_MIN=SAFE_MIN[k.dtype],
+            SAFE_MIN=SAFE_MIN[k.dtype], A_WORDS=a_words, R_WORDS=r_words,
             **_common(cfg, blk, es, wi))
     return anchor, residual
 
@@ -167,17 +182,20 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
     table = plan.on(dev)
     has_res = residual is not None and residual.numel() > 0
     r8 = residual if has_res else a8
+    aw, a_words = _words(anchor, cfg.anchor_bits)
+    rw, r_words = _words(r8, cfg.residual_bits) if has_res else (a8, False)
     slots = dest.slot_mapping if dest.slot_mapping is not None else table
     for wi, (which, tgt) in enumerate((("k", dest.k), ("v", dest.v))):
         blk = _decode_blocks(cfg, plan.head_dim, which)
         grid = (plan.num_pages * blk["NTB"] * blk["num_dt"], plan.num_kv_heads)
         align = math.gcd(tgt.s_block, tgt.s_token, 16) if tgt.s_dim == 1 else 1
         lynx_decompress_kernel[grid](
-            a8, akv, a16, r8, table, tabs["levels"][wi],
+            a8, akv, a16, aw, r8, rw, table, tabs["levels"][wi],
             tgt.tensor, tgt.offset, tgt.s_block, tgt.s_token, tgt.s_head, tgt.s_dim,
             dest.block_size, slots, plan.num_kv_heads, plan.head_dim, blk["num_dt"],
             YMAX=cfg.y_max, HAS_RES=residual is not None, PAGED=dest.slot_mapping is not None,
             INTERPRET=interpreting(), NTB=blk["NTB"], TB=blk["TB"], ALIGN=align,
+            A_WORDS=a_words, R_WORDS=r_words,
             **_common(cfg, blk, es, wi))
 
 

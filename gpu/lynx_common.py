@@ -145,6 +145,32 @@ def unpack_groups(ptr, row_byte, mask_rows, ncols, R: tl.constexpr, G: tl.conste
 
 
 @triton.jit
+def unpack_words(wptr, row_word, mask_rows, ncols, R: tl.constexpr, G: tl.constexpr,
+                 BITS: tl.constexpr):
+    """Signed codes [R, G, 8] for BITS in (1, 2, 4): ``wptr`` views the stream as words of BITS
+    bytes (int8 / int16 / int32), one word per group of 8 values; row r's groups start at word
+    ``row_word[r]``. One load per group; the 8 values are shifted out in registers."""
+    g = tl.arange(0, G)
+    w = tl.load(wptr + row_word[:, None] + g[None, :],
+                mask=mask_rows[:, None] & (g * 8 < ncols)[None, :], other=0).to(tl.int32)
+    sh = tl.arange(0, 8) * BITS
+    v = (w[:, :, None] >> sh[None, None, :]) & ((1 << BITS) - 1)
+    half: tl.constexpr = 1 << (BITS - 1)
+    return (v ^ half) - half
+
+
+@triton.jit
+def pack_words(vals, wptr, row_word, mask_rows, ncols, R: tl.constexpr, G: tl.constexpr,
+               BITS: tl.constexpr):
+    """Inverse of unpack_words: vals [R, G, 8] -> one word of BITS bytes per group of 8."""
+    sh = tl.arange(0, 8) * BITS
+    w = tl.sum((vals & ((1 << BITS) - 1)) << sh[None, None, :], axis=2)
+    g = tl.arange(0, G)
+    tl.store(wptr + row_word[:, None] + g[None, :], w.to(wptr.dtype.element_ty),
+             mask=mask_rows[:, None] & (g * 8 < ncols)[None, :])
+
+
+@triton.jit
 def div_known(x, b, y):
     """x / b rounded to nearest, given y = RN(1 / b): q = x*y, r = x - q*b (exact with an FMA),
     q + r*y (Markstein). Equal to IEEE division whenever r does not underflow: x == 0 or

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from lynx_npu.ops import plan as P
 
-from .lynx_common import (codes, div_known, minmax, minmax_combine, minmax_tiny, pack_store, tree_sum_last, tree_sum_mid)
+from .lynx_common import (codes, div_known, minmax, minmax_tiny, pack_store, pack_words, tree_sum_last, tree_sum_mid)
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -32,18 +32,31 @@ NF = tl.constexpr(P.NUM_FIELDS)
 
 
 @triton.jit
+def _pack(vals, bptr, wptr, e0, tmask, ncols, R: tl.constexpr, BD: tl.constexpr,
+          BITS: tl.constexpr, WORDS: tl.constexpr):
+    if WORDS:  # one word of BITS bytes per group of 8 values
+        pack_words(tl.reshape(vals, [R, BD // 8, 8]), wptr, e0 // 8, tmask, ncols, R, BD // 8,
+                   BITS)
+    else:
+        pack_store(vals, bptr, (e0 * BITS) >> 3, tmask, ncols, R, BD, BITS)
+
+
+@triton.jit
 def _codes_and_pack(xf, R: tl.constexpr, BD: tl.constexpr, t, tmask, h, tp, D, d0,
-                    codes_ptr, res_ptr, thr_ptr, bucket_ptr, shift, key_lo,
+                    codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr,
+                    thr_ptr, bucket_ptr, shift, key_lo,
                     A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
-                    PROBES: tl.constexpr):
+                    PROBES: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr):
     """xf [R, BD] (rows t) -> packed anchor / residual codes of stream rows (h, t, d0..)."""
     i = codes(xf, thr_ptr, bucket_ptr, shift, key_lo, PROBES)
     m = (i + BIAS) >> R_BITS
     res = (m << R_BITS) - i
-    anc = tl.where(xf < 0, -m - 1, m)
-    e0 = (h * tp + t) * D + d0  # stream position of each row's first value
-    pack_store(anc, codes_ptr, (e0 * A_BITS) >> 3, tmask, D - d0, R, BD, A_BITS)
-    pack_store(res, res_ptr, (e0 * R_BITS) >> 3, tmask, D - d0, R, BD, R_BITS)
+    anc = m ^ (xf < 0).to(tl.int32) * -1  # -m - 1 == ~m where the centred value is negative
+    e0 = (h * tp + t) * D + d0  # stream position of each row's first value (multiple of 8)
+    _pack(anc, a8_ptr + codes_off, aw_ptr + codes_off // A_BITS, e0, tmask, D - d0, R, BD,
+          A_BITS, A_WORDS)
+    _pack(res, r8_ptr + res_off, rw_ptr + res_off // R_BITS, e0, tmask, D - d0, R, BD, R_BITS,
+          R_WORDS)
 
 
 @triton.jit
@@ -75,14 +88,16 @@ def _normalise(x, xmin, scale, tiny, m, SAFE_MIN: tl.constexpr):
 def lynx_compress_kernel(
         x_ptr, s_h, s_t, s_d,            # K or V [H, T, D] and its strides (elements)
         a8_ptr, akv_ptr, a16_ptr,        # the anchor buffer as uint8 / KV dtype / float16
-        r8_ptr,                          # the residual buffer (uint8)
+        aw_ptr,                          # ... as words of A_BITS bytes (A_BITS in 1, 2, 4)
+        r8_ptr, rw_ptr,                  # the residual buffer as uint8 / words of R_BITS bytes
         plan_ptr,                        # int64 [num_pages, NF]
         thr_ptr, bucket_ptr, shift, key_lo,  # this stream's tables (ops/tables.py)
         H, D, NUM_DT,
         WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
         C: tl.constexpr, CE: tl.constexpr, BS: tl.constexpr, ES: tl.constexpr,
         A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr, PROBES: tl.constexpr,
-        MIDRANGE: tl.constexpr, SAFE_MIN: tl.constexpr, TREE: tl.constexpr = True):
+        MIDRANGE: tl.constexpr, SAFE_MIN: tl.constexpr, A_WORDS: tl.constexpr,
+        R_WORDS: tl.constexpr, TREE: tl.constexpr = True):
     dt = tl.program_id(0) % NUM_DT  # channel tiles vary fastest: neighbours share input rows
     page = tl.program_id(0) // NUM_DT
     h = tl.program_id(1)
@@ -116,8 +131,8 @@ def lynx_compress_kernel(
 
     gamma = akv_ptr + tl.load(row + F_GAMMA + WHICH) // ES
     stats = a16_ptr + tl.load(row + F_STATS + WHICH) // 2
-    codes_ptr = a8_ptr + tl.load(row + F_CODES + WHICH)
-    res_ptr = r8_ptr + tl.load(row + F_RES + WHICH)
+    codes_off = tl.load(row + F_CODES + WHICH)
+    res_off = tl.load(row + F_RES + WHICH)
     if not TOKEN_AXIS:
         # [NC, C, BD]: chunk c holds tokens c*C .. c*C + C - 1 of each channel
         NC: tl.constexpr = BT // C
@@ -152,9 +167,9 @@ def lynx_compress_kernel(
         tl.store(stats + sidx, mu, mask=smask)
         tl.store(stats + H * nct * D + sidx, sigma, mask=smask)
         t = tl.arange(0, BT)
-        _codes_and_pack(tl.reshape(xf, [BT, BD]), BT, BD, t, t < tp, h, tp, D, d0, codes_ptr,
-                        res_ptr, thr_ptr, bucket_ptr, shift, key_lo, A_BITS, R_BITS, BIAS,
-                        PROBES)
+        _codes_and_pack(tl.reshape(xf, [BT, BD]), BT, BD, t, t < tp, h, tp, D, d0, codes_off,
+                        res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, thr_ptr, bucket_ptr, shift,
+                        key_lo, A_BITS, R_BITS, BIAS, PROBES, A_WORDS, R_WORDS)
     else:
         # [BT, NCD, CE]: chunk (t, cd) holds head_dim values d0 + cd*CE .. of token t
         NCD: tl.constexpr = BD // CE
@@ -190,9 +205,9 @@ def lynx_compress_kernel(
         tl.store(stats + H * tp * ncd + sidx, sigma, mask=smask)
         gmin = tl.reshape(gmin, [BD])
         gmax = tl.reshape(gmax, [BD])
-        _codes_and_pack(tl.reshape(xf, [BT, BD]), BT, BD, t, t < tp, h, tp, D, d0, codes_ptr,
-                        res_ptr, thr_ptr, bucket_ptr, shift, key_lo, A_BITS, R_BITS, BIAS,
-                        PROBES)
+        _codes_and_pack(tl.reshape(xf, [BT, BD]), BT, BD, t, t < tp, h, tp, D, d0, codes_off,
+                        res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, thr_ptr, bucket_ptr, shift,
+                        key_lo, A_BITS, R_BITS, BIAS, PROBES, A_WORDS, R_WORDS)
     gdt = akv_ptr.dtype.element_ty
     tl.store(gamma + h * D + dd, gmin.to(gdt), mask=dd < tl.minimum(tp, 1) * D)
     tl.store(gamma + H * D + h * D + dd, gmax.to(gdt), mask=dd < tl.minimum(tp, 1) * D)

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from lynx_npu.ops import plan as P
 
-from .lynx_common import unpack_groups
+from .lynx_common import unpack_groups, unpack_words
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -56,7 +56,8 @@ def _to_out(x, odt: tl.constexpr, INTERPRET: tl.constexpr):
 @triton.jit
 def lynx_decompress_kernel(
         a8_ptr, akv_ptr, a16_ptr,        # the anchor buffer as uint8 / KV dtype / float16
-        r8_ptr,                          # the residual buffer (uint8; unused without HAS_RES)
+        aw_ptr,                          # ... as words of A_BITS bytes (A_BITS in 1, 2, 4)
+        r8_ptr, rw_ptr,                  # the residual buffer as uint8 / words of R_BITS bytes
         plan_ptr,                        # int64 [num_pages, NF]
         lv_ptr,                          # float32 [128] levels of this stream
         out_ptr, o_off, s_block, s_tok, s_head, s_dim, block_size, slots_ptr,
@@ -65,7 +66,7 @@ def lynx_decompress_kernel(
         BD: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, ES: tl.constexpr,
         A_BITS: tl.constexpr, R_BITS: tl.constexpr, YMAX: tl.constexpr,
         HAS_RES: tl.constexpr, PAGED: tl.constexpr, INTERPRET: tl.constexpr,
-        ALIGN: tl.constexpr):
+        ALIGN: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr):
     # Tiles follow the chunks: channel axis: TB == C tokens (one chunk row) x BD channels, so
     # mu / sigma are a [BD] row; token axis: BD == one chunk of head_dim, so they are a [TB] column.
     dt = tl.program_id(0) % NUM_DT  # channel tiles vary fastest: neighbours share rows
@@ -99,14 +100,22 @@ def lynx_decompress_kernel(
     tmask = t < tp
     d3 = (d0 + tl.arange(0, G)[:, None] * 8 + tl.arange(0, 8)[None, :])[None, :, :]  # [1, G, 8]
     m3 = tmask[:, None, None] & (d3 < D)
-    e0 = (h * tp + t) * D + d0      # stream position of each row's first value
-    a = unpack_groups(a8_ptr + tl.load(row + F_CODES + WHICH), (e0 * A_BITS) >> 3, tmask,
-                      D - d0, TB, G, A_BITS)
+    e0 = (h * tp + t) * D + d0      # stream position of each row's first value (multiple of 8)
+    if A_WORDS:  # a group of 8 codes is one word of A_BITS bytes
+        a = unpack_words(aw_ptr + tl.load(row + F_CODES + WHICH) // A_BITS, e0 // 8, tmask,
+                         D - d0, TB, G, A_BITS)
+    else:
+        a = unpack_groups(a8_ptr + tl.load(row + F_CODES + WHICH), (e0 * A_BITS) >> 3, tmask,
+                          D - d0, TB, G, A_BITS)
     neg = a < 0
     code = (a ^ (a >> 31)) << R_BITS  # -a - 1 == ~a for negative anchors
     if HAS_RES:
-        code -= unpack_groups(r8_ptr + tl.load(row + F_RES + WHICH), (e0 * R_BITS) >> 3, tmask,
-                              D - d0, TB, G, R_BITS)
+        if R_WORDS:
+            code -= unpack_words(rw_ptr + tl.load(row + F_RES + WHICH) // R_BITS, e0 // 8, tmask,
+                                 D - d0, TB, G, R_BITS)
+        else:
+            code -= unpack_groups(r8_ptr + tl.load(row + F_RES + WHICH), (e0 * R_BITS) >> 3,
+                                  tmask, D - d0, TB, G, R_BITS)
     code = tl.minimum(tl.maximum(code, 0), YMAX)
     mag = tl.load(lv_ptr + code, mask=m3, other=0.0)
     xf = tl.where(neg, -mag, mag)
