@@ -15,10 +15,20 @@ distribution over the chunk's tokens and arithmetic-codes them (torchac there). 
 """
 from __future__ import annotations
 
-import constriction
+import importlib
+
 import numpy as np
 
 FREQ_TOTAL = 65535  # largest total whose interior CDF points all fit in uint16
+
+
+def _constriction():
+    # Imported on use: only the cachegen baseline needs it, and `import lynx_npu` must work
+    # on a base install (pip install lynx_npu, without the eval extra).
+    try:
+        return importlib.import_module("constriction")
+    except ImportError as e:
+        raise ImportError("the cachegen codec needs constriction: pip install 'lynx_npu[eval]'") from e
 
 
 def cdf_table(symbols: np.ndarray, num_symbols: int) -> np.ndarray:
@@ -50,12 +60,13 @@ def table_frequencies(table: np.ndarray) -> np.ndarray:
 
 
 def _models(freq: np.ndarray) -> list:
-    return [constriction.stream.model.Categorical(row, perfect=False) for row in freq]
+    categorical = _constriction().stream.model.Categorical
+    return [categorical(row, perfect=False) for row in freq]
 
 
 def encode_symbols(groups: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """Range-code groups of ([tokens, channels] symbols, [channels, n-1] table) -> uint32 words."""
-    encoder = constriction.stream.queue.RangeEncoder()
+    encoder = _constriction().stream.queue.RangeEncoder()
     for symbols, table in groups:
         cols = np.ascontiguousarray(symbols.T, dtype=np.int32)
         for col, model in zip(cols, _models(table_frequencies(table))):
@@ -65,7 +76,7 @@ def encode_symbols(groups: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
 
 def decode_symbols(words: np.ndarray, groups: list[tuple[int, np.ndarray]]) -> list[np.ndarray]:
     """Inverse of ``encode_symbols``: groups of (tokens, table) -> [tokens, channels] int32 each."""
-    decoder = constriction.stream.queue.RangeDecoder(np.ascontiguousarray(words, np.uint32))
+    decoder = _constriction().stream.queue.RangeDecoder(np.ascontiguousarray(words, np.uint32))
     out = []
     for tokens, table in groups:
         cols = [decoder.decode(model, tokens) for model in _models(table_frequencies(table))]
