@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 ROLES = {"kv_producer": "producer", "kv_consumer": "consumer"}
 PARAMS_KEY = "lynx"
+WIRE_DTYPES = (None, "bfloat16", "float16")
 
 
 def _fields(cls) -> set[str]:
@@ -43,6 +44,10 @@ class LynxConnectorConfig:
     peer: str | None = None            # decode receiver "host:port" when a request names none
     gbps: float | None = None          # emulated link rate of the sender; None = unlimited
     precompress: bool = False          # encode every layer before the first byte is sent
+    # Cast the KV to this dtype before encoding ("bfloat16" / "float16"; None: the cache's).
+    # For engines that compute in float32 but whose deployments hold 16-bit KV (the CPU demo):
+    # the codecs' page scalars and sink tokens are stored in the KV dtype.
+    wire_dtype: str | None = None
     # consumer
     host: str = "127.0.0.1"            # receiver listen address (loopback unless configured)
     port: int = 0                      # receiver port; tensor-parallel rank r listens on port + r
@@ -61,6 +66,8 @@ class LynxConnectorConfig:
             raise ValueError(f"{self.codec=} must be a codec name")
         if self.peer is not None:
             parse_peer(self.peer)
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"{self.wire_dtype=} must be one of {list(WIRE_DTYPES)}")
         if self.gbps is not None and not (isinstance(self.gbps, (int, float))
                                           and math.isfinite(self.gbps) and self.gbps > 0):
             raise ValueError(f"{self.gbps=} must be a positive number or None")

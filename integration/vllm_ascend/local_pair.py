@@ -49,6 +49,9 @@ class PairConfig:
     kv_cache_bytes: int = 512 << 20
     max_model_len: int = 8192
     precompress: bool = True           # time the link, not the CPU reference compressor
+    # The KV crosses the link as 16-bit values, as in a bf16 deployment (the engines compute in
+    # float32 only for the reason above); the codecs' scalars are then 16-bit too.
+    wire_dtype: str | None = "bfloat16"
 
     def __post_init__(self):
         if self.gbps is not None and not self.gbps > 0:
@@ -104,7 +107,8 @@ class LocalPair:
         log(f"[lynx] starting the prefill instance (link {config.gbps} Gbps) ...")
         self.prefill = LLM(**prefill_engine_args(config.model, peer=f"127.0.0.1:{self.port}",
                                                  gbps=config.gbps,
-                                                 precompress=config.precompress, **common))
+                                                 precompress=config.precompress,
+                                                 wire_dtype=config.wire_dtype, **common))
         log(f"[lynx] both instances up in {time.monotonic() - t0:.0f} s")
         self.tokenizer = self.prefill.get_tokenizer()
         self._ids = itertools.count(int(time.time()) % 1_000_000 * 1000 + 1)

@@ -63,6 +63,9 @@ class ProducerWorker:
                 raise RuntimeError("KV caches were never registered with the Lynx connector")
             slots = self.kv.slots(job.block_ids, 0, job.num_tokens)
             layers = [self.kv.gather(i, slots) for i in range(self.kv.num_layers)]
+            if self.config.wire_dtype is not None:
+                dtype = getattr(torch, self.config.wire_dtype)
+                layers = [(k.to(dtype), v.to(dtype)) for k, v in layers]
             # Each tensor-parallel rank sends its own heads to its own receiver (port + rank),
             # so the transfer id is the same on every rank.
             self._queue.put(_Outgoing(job, job.params.transfer_id, layers, time.monotonic()))

@@ -20,6 +20,7 @@ def test_roles_and_defaults():
     ("kv_consumer", {"port": 70000}, "port"),
     ("kv_producer", {"gbps": -1}, "gbps"),
     ("kv_producer", {"peer": "nohost"}, "peer"),
+    ("kv_producer", {"wire_dtype": "int8"}, "wire_dtype"),
     ("kv_producer", {"secret": "short"}, "secret"),
     ("kv_consumer", {"residual_timeout_s": 0}, "residual_timeout_s"),
 ])
