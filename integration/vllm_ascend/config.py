@@ -56,6 +56,9 @@ class LynxConnectorConfig:
     transfer_timeout_s: float = 600.0  # whole transfer (first frame or request to residual)
     num_decode_threads: int = 1        # receiver threads dequantizing pages
     fast_decode: bool = True           # Lynx pages through lynx_npu.ops, not the reference
+    # Dequantize residual pages only once the whole residual is in, so drafting on the anchor
+    # does not share the host's CPU (and the GIL) with residual decoding (docs/demo.md).
+    defer_residual: bool = True
     # both
     secret: str | None = None          # shared secret (>= 16 chars) authenticating the peers
 

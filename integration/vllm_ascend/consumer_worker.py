@@ -82,7 +82,8 @@ class ConsumerWorker:
         self.receiver = (_Receiver if config.fast_decode else Receiver)(ReceiverConfig(
             host=config.host, port=config.port + rank if config.port else 0,
             deadline_s=config.transfer_timeout_s, num_decode_threads=config.num_decode_threads,
-            secret=config.secret_bytes), on_page=self.inbox.on_page)
+            defer_residual=config.defer_residual, secret=config.secret_bytes),
+            on_page=self.inbox.on_page)
         self.kv: PagedKV | None = None
         self._transfers: dict[str, _Transfer] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lynx-copy")

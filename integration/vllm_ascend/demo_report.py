@@ -32,6 +32,7 @@ class ModeResult:
     client_ttft_s: float      # first token streamed to the client (after verification)
     agreement_bf16: float     # fraction of tokens before the first difference from bf16
     verifications: int
+    accepted_per_verification: float  # mean over prompts (nan without verifications)
 
     def to_json(self) -> dict:
         return {"mode": self.mode, "ttft_s": self.ttft_s, "tt32_s": self.tt32_s,
@@ -65,8 +66,15 @@ def summarize(runs: dict[str, list], modes: list[str]) -> list[ModeResult]:
             all(matches),
             _median(r.client_time_to_token(1) for r in rs),
             _median(agree),
-            int(_median(r.stats.get("verifications", 0) for r in rs))))
+            int(_median(r.stats.get("verifications", 0) for r in rs)),
+            _accepted_per_verification(rs)))
     return out
+
+
+def _accepted_per_verification(rs) -> float:
+    per = [r.stats.get("drafts_accepted", 0) / r.stats["verifications"] for r in rs
+           if r.stats.get("verifications")]
+    return statistics.fmean(per) if per else float("nan")
 
 
 def to_json(results: list[ModeResult], gbps: float, num_prompts: int) -> dict:
@@ -105,6 +113,9 @@ def targets(results: list[ModeResult]) -> list[str]:
         ratio = by["lynx"].ttft_s / by["int4"].ttft_s
         lines.append(f"lynx TTFT / int4 TTFT = {ratio:.2f} (target <= 1.15): "
                      f"{'met' if ratio <= 1.15 else 'MISSED'}")
+    if "lynx" in by:
+        lines.append(f"lynx accepted drafts per verification: "
+                     f"{by['lynx'].accepted_per_verification:.1f} (mean over prompts)")
     if {"lynx", "lynx-int8"} <= by.keys():
         lines.append(f"lynx output identical to lynx-int8 on every prompt: "
                      f"{'yes' if by['lynx'].matches_reference else 'NO'}")

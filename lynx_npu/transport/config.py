@@ -75,6 +75,9 @@ class ReceiverConfig:
     port: int = 0                        # 0 = an ephemeral port (see Receiver.port)
     deadline_s: float = 60.0             # from a request's first frame (or Receiver.request)
     dequantize: bool = True              # False: verify and keep frames only (link benchmarks)
+    # Decode residual pages only once the whole residual stream is in: while the decode
+    # instance drafts on the anchor, dequantizing beside the model steals its CPU (and GIL).
+    defer_residual: bool = False
     num_decode_threads: int = 1
     max_connections: int = 16
     max_requests: int = 256              # requests held at once (until released)

@@ -74,6 +74,8 @@ class ReceiveHandle:
         self._anchor_tokens: list[int] = []
         self._full_tokens: list[int] = []
         self._layers_anchor = self._layers_full = 0
+        self._residual_tokens = 0             # residual frames' tokens received (all layers)
+        self._held: list[PageJob] = []        # full-page jobs deferred until the residual is in
 
     # -- state --------------------------------------------------------------------------------
     @property
@@ -98,14 +100,16 @@ class ReceiveHandle:
     def fail(self, error: BaseException) -> None:
         with self._lock:
             self._stored.clear()
+            self._held.clear()
         self.anchor_ready.fail(error)
         self.residual_ready.fail(error)
 
     # -- admission (reader threads) -----------------------------------------------------------
     def admit(self, frame: Frame, wire_bytes: int, get_codec, max_request_bytes: int,
-              dequantize: bool) -> PageJob | None | bool:
-        """Record a data frame. Returns False for a duplicate, a PageJob to decode, or None
-        when nothing can be decoded yet (a residual ahead of its anchor, or no dequantize).
+              dequantize: bool, defer_residual: bool = False) -> list[PageJob] | bool:
+        """Record a data frame. Returns False for a duplicate, else the PageJobs to decode now
+        (none when nothing can be decoded yet: a residual ahead of its anchor, no dequantize,
+        or ``defer_residual`` holding full pages until the last residual frame is in).
         Raises RequestRejected when the frame contradicts the request."""
         meta = (frame.codec_id, frame.params, frame.num_layers, frame.num_tokens, frame.dtype,
                 frame.num_kv_heads, frame.head_dim)
@@ -134,15 +138,24 @@ class ReceiveHandle:
                 if kind == Kind.ANCHOR and (Kind.RESIDUAL, layer, page) in self._received:
                     level = 2
                 self._raise_level(layer, page, frame.token_start, frame.token_end, level)
-                return None
+                return []
             slot = self._stored.setdefault((layer, page), [None, None])
             slot[0 if kind == Kind.ANCHOR else 1] = frame.payload
+            if kind == Kind.RESIDUAL:
+                self._residual_tokens += frame.token_end - frame.token_start
             if slot[0] is None:
-                return None  # the residual waits for its anchor
+                return []  # the residual waits for its anchor
             if not self._two_stream:
                 del self._stored[(layer, page)]
-            return PageJob(self, layer, page, frame.token_start, frame.token_end, slot[0],
-                           slot[1])
+            job = PageJob(self, layer, page, frame.token_start, frame.token_end, slot[0],
+                          slot[1])
+            if not (defer_residual and kind == Kind.RESIDUAL):
+                return [job]
+            self._held.append(job)
+            if self._residual_tokens < self.num_layers * self.num_tokens:
+                return []
+            held, self._held = self._held, []
+            return held
 
     def _describe(self, frame: Frame, meta: tuple, get_codec, max_request_bytes: int) -> None:
         dtype = DTYPES[frame.dtype]

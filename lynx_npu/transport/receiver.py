@@ -205,12 +205,12 @@ class Receiver:
             return self._error(rid, str(handle.error))
         wire_bytes = HEADER_SIZE + len(frame.params) + len(frame.payload)
         try:
-            job = handle.admit(frame, wire_bytes, self._codec, self.config.max_request_bytes,
-                               self.config.dequantize)
+            jobs = handle.admit(frame, wire_bytes, self._codec, self.config.max_request_bytes,
+                                self.config.dequantize, self.config.defer_residual)
         except RequestRejected as e:
             handle.fail(RemoteError(f"request {rid}: {e}"))
             return self._error(rid, str(e))
-        if job:
+        for job in jobs or ():
             self._jobs.put(job)
         return ack
 

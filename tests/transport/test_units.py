@@ -107,15 +107,15 @@ def _frame(kind=Kind.ANCHOR, layer=0, page=0, s=0, e=10, tokens=20, codec=None, 
                  params_to_json(codec.params()), bytearray(8), **kw)
 
 
-def _admit(handle, frame, dequantize=True):
+def _admit(handle, frame, dequantize=True, defer_residual=False):
     codec = small_codec("lynx")
-    return handle.admit(frame, 100, lambda cid, p: codec, 1 << 30, dequantize)
+    return handle.admit(frame, 100, lambda cid, p: codec, 1 << 30, dequantize, defer_residual)
 
 
 def test_receive_state_duplicates_overlaps_and_mismatches():
     h = ReceiveHandle(1, deadline=1e18)
-    assert _admit(h, _frame(Kind.RESIDUAL)) is None  # residual ahead of its anchor: waits
-    job = _admit(h, _frame())
+    assert _admit(h, _frame(Kind.RESIDUAL)) == []  # residual ahead of its anchor: waits
+    job, = _admit(h, _frame())
     assert job.residual is not None  # the anchor's job carries the early residual
     assert _admit(h, _frame()) is False  # duplicate
     with pytest.raises(RequestRejected, match="overlap"):
@@ -128,6 +128,22 @@ def test_receive_state_duplicates_overlaps_and_mismatches():
     big = ReceiveHandle(2, deadline=1e18)
     with pytest.raises(RequestRejected, match="max_request_bytes"):
         big.admit(_frame(), 100, lambda c, p: small_codec("lynx"), 10, True)
+
+
+def test_deferred_residual_pages_are_released_together():
+    """defer_residual: anchors decode at once; full pages wait for the last residual frame."""
+    h = ReceiveHandle(1, deadline=1e18)
+    pages = [(layer, page, page * 10, page * 10 + 10) for layer in (0, 1) for page in (0, 1)]
+    for layer, page, s, e in pages:
+        job, = _admit(h, _frame(Kind.ANCHOR, layer, page, s, e), defer_residual=True)
+        assert job.residual is None
+    for i, (layer, page, s, e) in enumerate(pages):
+        jobs = _admit(h, _frame(Kind.RESIDUAL, layer, page, s, e), defer_residual=True)
+        if i < len(pages) - 1:
+            assert jobs == []
+    assert sorted((j.layer, j.page) for j in jobs) == [p[:2] for p in pages]
+    assert all(j.residual is not None for j in jobs)
+    assert _admit(h, _frame(Kind.RESIDUAL, 1, 1, 10, 20), defer_residual=True) is False
 
 
 def test_receive_state_levels_only_rise_and_events_fire():

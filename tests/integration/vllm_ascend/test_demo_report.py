@@ -38,6 +38,7 @@ def test_summary_json_and_reference():
     assert not by["int4"].matches_reference      # differs from bf16 on one prompt
     assert by["lynx"].ttft_s == 1.0 - 0.4        # median of 0.5 and 0.7
     assert by["lynx"].drafts_proposed == 6 and by["lynx"].drafts_accepted == 5
+    assert by["lynx"].accepted_per_verification == 5.0  # (6 / 1 + 4 / 1) / 2
     assert abs(by["bf16"].tt64_s - 7.3) < 1e-9
     doc = json.loads(json.dumps(demo_report.to_json(results, 0.2, 2)))
     assert set(doc) == {"gbps", "prompts", "modes"} and doc["prompts"] == 2
@@ -45,3 +46,4 @@ def test_summary_json_and_reference():
                                     "drafts_accepted", "matches_reference"}
     assert "lynx" in demo_report.table(results)
     assert any("identical" in line for line in demo_report.targets(results))
+    assert any("per verification: 5.0" in line for line in demo_report.targets(results))
