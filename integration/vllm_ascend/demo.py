@@ -72,7 +72,8 @@ def _main(args, modes: list[str]) -> int:
             f"-{max(len(p.token_ids) for p in prompts)} tokens; modes {', '.join(modes)}; "
             f"{args.gbps:g} Gbps")
         say("[lynx] warm-up ...")
-        pair.run(prompts[0].token_ids[:64], "bf16", max_tokens=4)
+        for mode in modes:  # first use of each codec loads its decoder (kernels, tables)
+            pair.run(prompts[0].token_ids[:64], mode, max_tokens=4)
         runs: dict[str, list] = {m: [] for m in modes}
         for i, prompt in enumerate(prompts):
             for j, mode in enumerate(modes):
