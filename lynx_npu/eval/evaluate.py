@@ -92,13 +92,15 @@ def evaluate_codec(codec, refs: list[LayerRef], *, label: str | None = None,
     results = {s: StageResult(s) for s in codec.stages}
     enc_s = dec_s = 0.0
     with progress(len(refs), f"{label}: layer") as bar:
-        for ref in refs:
+        for i, ref in enumerate(refs):
+            # Codecs with a per-layer schedule (CacheGen's bins) get the layer they encode.
+            layer_codec = codec.for_layer(i, len(refs)) if hasattr(codec, "for_layer") else codec
             t0 = time.perf_counter()
-            enc = codec.encode(ref.k, ref.v)
+            enc = layer_codec.encode(ref.k, ref.v)
             enc_s += time.perf_counter() - t0
             for stage, res in results.items():
                 t0 = time.perf_counter()
-                k_hat, v_hat = codec.decode(enc, stage=stage)
+                k_hat, v_hat = layer_codec.decode(enc, stage=stage)
                 dec_s += time.perf_counter() - t0
                 res.nbytes += enc.nbytes(stage)
                 res.num_values += 2 * ref.k.numel()

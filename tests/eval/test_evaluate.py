@@ -108,3 +108,16 @@ def test_report_and_table():
         assert key in rows[0]
     table = format_table(report).splitlines()
     assert len(table) == 4 and "attn vNMSE" in table[1] and table[2].startswith("scaled-v:x=1")
+
+
+def test_per_layer_codecs_get_their_layer():
+    """CacheGen's bins depend on the layer: the harness encodes layer i with for_layer(i, n)."""
+    layers = _layers(12)
+    refs = build_refs(layers, num_queries=8, kv_dtype=torch.float32)
+    codec = lynx_npu.get_codec("cachegen")
+    result = evaluate_codec(codec, refs)
+    expected = sum(codec.for_layer(i, len(refs)).encode(r.k, r.v).nbytes("full")
+                   for i, r in enumerate(refs))
+    layer0 = sum(codec.encode(r.k, r.v).nbytes("full") for r in refs)
+    assert expected != layer0  # the schedule changes the bins within 12 layers
+    assert result.stages[0].nbytes == expected
