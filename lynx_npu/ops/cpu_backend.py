@@ -2,8 +2,8 @@
 
 The kernel is plain C++17 + OpenMP with no torch headers: the first use compiles it with the
 system C++ compiler (``$CXX``, else ``g++``; ~3 s) into ``$LYNX_CACHE_DIR`` (default
-``~/.cache/lynx_npu``), keyed by a hash of the source, the flags, the compiler and the CPU, so
-later imports just load it. ``-march=native`` makes it fast on the machine that built it;
+``~/.cache/lynx_npu``), keyed by a hash of the sources (the .cpp and its headers), the flags,
+the compiler and the CPU, so later imports just load it. ``-march=native`` makes it fast on the machine that built it;
 ``-ffp-contract=off`` keeps the reference's float32 rounding (no FMA). No build step ever
 installs anything (in particular never a torch). OpenMP comes from libgomp, which torch has
 already loaded, so both share one thread pool; the kernel uses ``torch.get_num_threads()``.
@@ -94,7 +94,8 @@ def build() -> pathlib.Path:
     if shutil.which(cxx) is None:
         raise BackendUnavailable(f"no C++ compiler ({cxx!r} not on PATH; set CXX)")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(_BASE_FLAGS + _extra_flags()),
+    sources = [f.read_text() for f in sorted(SOURCE.parent.glob("*.[ch]*"))]  # .cpp + headers
+    key = hashlib.sha256("\0".join([*sources, " ".join(_BASE_FLAGS + _extra_flags()),
                                     version,
                                     _cpu_id()]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"lynx_cpu-{key}.so"

@@ -10,6 +10,9 @@
 // Codes: bucket lookup + threshold probes (lynx_npu/ops/tables.py), exact.
 // Work items: compress = (page, K|V) so each item writes one contiguous byte range;
 // decompress = (page, K|V, head).
+// On CPUs with AVX-512 (F, BW, VL) the common shapes take the fast paths of
+// lynx_cpu_avx512.h; everything else (and every CPU without AVX-512) runs the plain C++ below,
+// which GCC vectorizes for the target it is given. Both write the same bytes.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,6 +23,9 @@
 #endif
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define LYNX_AVX512 1
 #endif
 
 namespace {
@@ -123,14 +129,21 @@ void pack(const int8_t* c, int64_t n, int bits, uint8_t* out, int64_t bit_off) {
   int64_t i = 0;
   if (nb == 0) {
     if (bits == 4) {
-      const int64_t pairs = n / 2;
-      for (int64_t j = 0; j < pairs; ++j) {
-        uint16_t w;
-        std::memcpy(&w, c + 2 * j, 2);
-        out[j] = (uint8_t)((w & 15u) | ((w >> 4) & 0xF0u));
+#if defined(LYNX_AVX512)
+      // 64 codes -> 32 bytes: per 16-bit pair w = c0 | c1 << 8, byte (w & 0xf) | (w >> 4 & 0xf0)
+      const __m512i lo4 = _mm512_set1_epi16(0x000f);
+      for (; i + 64 <= n; i += 64) {
+        const __m512i w = _mm512_loadu_si512(c + i);
+        const __m512i b = _mm512_ternarylogic_epi32(lo4, w, _mm512_srli_epi16(w, 4), 0xca);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi16_epi8(b));
+        out += 32;
       }
-      i = 2 * pairs;
-      out += pairs;
+#endif
+      for (; i + 2 <= n; i += 2) {
+        uint16_t w;
+        std::memcpy(&w, c + i, 2);
+        *out++ = (uint8_t)((w & 15u) | ((w >> 4) & 0xF0u));
+      }
     } else if (bits == 2) {
       const int64_t quads = n / 4;
       for (int64_t j = 0; j < quads; ++j)
@@ -197,14 +210,16 @@ inline float tree_sum(const float* v, int64_t n, int64_t np2, float* scratch) {
   return scratch[0];
 }
 
-// (max + min) / 2 of v[0..n), the midrange centre.
+// (max + min) / 2 of v[0..n), the midrange centre. v holds normalised values (>= +0), whose
+// float order is their bit order: an integer min / max, which GCC vectorizes.
 inline float midrange(const float* __restrict v, int64_t n) {
-  float hi = v[0], lo = v[0];
+  uint32_t hi = fbits(v[0]), lo = hi;
   for (int64_t i = 1; i < n; ++i) {
-    hi = std::max(hi, v[i]);
-    lo = std::min(lo, v[i]);
+    const uint32_t b = fbits(v[i]);
+    hi = b > hi ? b : hi;
+    lo = b < lo ? b : lo;
   }
-  return (hi + lo) / 2.0f;
+  return (bitsf(hi) + bitsf(lo)) / 2.0f;
 }
 
 // Centre v[0..n) on m in place; -> max |v - m| (max of non-negative float bits == float max,
@@ -236,74 +251,52 @@ int64_t next_pow2(int64_t n) {
   return p;
 }
 
-template <typename T>
-struct Scratch {
-  std::vector<float> buf, gmin, gmax, tree;
+struct Scratch {  // per thread, compress
+  std::vector<float> buf, gmin, gmax, tree, fold;
   std::vector<int8_t> a, r;
 };
 
-#if defined(__AVX512F__)
-// AVX-512: the code count I = #{thresholds <= |x|} as a 7-step branchless binary search over the
-// 128 padded thresholds, each step's candidates held in registers (permutes, no gathers: on
-// these Xeons a gather costs more than the whole search).
-struct Search512 {
-  __m512 t64, t32, t16, t8, t4, t2a, t2b, t1a, t1b, t1c, t1d;
-  explicit Search512(const float* thr) {
-    alignas(64) float buf[11][16];
-    for (auto& row : buf)
-      for (auto& x : row) x = INFINITY;
-    auto cand = [&](int step, float* out, int count, int first) {
-      for (int k = 0; k < count; ++k) out[k] = thr[(k + first) * 2 * step + step - 1];
-    };
-    cand(64, buf[0], 1, 0);
-    cand(32, buf[1], 2, 0);
-    cand(16, buf[2], 4, 0);
-    cand(8, buf[3], 8, 0);
-    cand(4, buf[4], 16, 0);
-    cand(2, buf[5], 16, 0);
-    cand(2, buf[6], 16, 16);
-    for (int q = 0; q < 4; ++q) cand(1, buf[7 + q], 16, 16 * q);
-    __m512* dst[11] = {&t64, &t32, &t16, &t8, &t4, &t2a, &t2b, &t1a, &t1b, &t1c, &t1d};
-    for (int i = 0; i < 11; ++i) *dst[i] = _mm512_load_ps(buf[i]);
-    t64 = _mm512_set1_ps(thr[63]);  // the first step compares every lane with one threshold
-  }
-  static inline __m512i step(__m512i idx, __m512 cand, __m512 v, int inc) {
-    const __mmask16 m = _mm512_cmp_ps_mask(cand, v, _CMP_LE_OQ);
-    return _mm512_mask_add_epi32(idx, m, idx, _mm512_set1_epi32(inc));
-  }
-  inline __m512i count(__m512 v) const {
-    __m512i idx = _mm512_setzero_si512();
-    idx = step(idx, t64, v, 64);
-    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 6), t32), v, 32);
-    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 5), t16), v, 16);
-    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t8), v, 8);
-    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 3), t4), v, 4);
-    idx = step(idx, _mm512_permutex2var_ps(t2a, _mm512_srli_epi32(idx, 2), t2b), v, 2);
-    const __m512i k = _mm512_srli_epi32(idx, 1);
-    const __mmask16 top = _mm512_test_epi32_mask(k, _mm512_set1_epi32(32));
-    const __m512 c = _mm512_mask_blend_ps(top, _mm512_permutex2var_ps(t1a, k, t1b),
-                                          _mm512_permutex2var_ps(t1c, k, t1d));
-    return step(idx, c, v, 1);
-  }
+struct DScratch {  // per thread, decompress
+  std::vector<int32_t> ia, ir;
+  std::vector<float> f;
+  std::vector<uint8_t> tile;
 };
 
-// levels[code] for 16 codes in [0, 128): 4 two-register permutes + 3 blends.
-struct Levels512 {
-  __m512 l[8];
-  explicit Levels512(const float* lv) {
-    for (int i = 0; i < 8; ++i) l[i] = _mm512_loadu_ps(lv + 16 * i);
+// Element offset of token tok's row in destination which (-1: not written).
+inline int64_t dst_offset(const Dest& dst, int which, int64_t tok) {
+  const int64_t slot = dst.slots ? dst.slots[tok] : tok;
+  if (slot < 0) return -1;
+  return (slot / dst.block_size) * dst.s_block[which] + (slot % dst.block_size) * dst.s_token[which];
+}
+
+// Rows tile[i] (D values each) to out + at[i] (at[i] < 0: skipped), head_dim stride sd. Runs of
+// tokens in consecutive slots of a token-contiguous layout (s_token == 1: vLLM CPU's K) are
+// written one head_dim column at a time.
+template <typename raw>
+void put_rows(const raw* tile, const int64_t* at, int64_t n, int64_t D, raw* out, int64_t so,
+              int64_t sd) {
+  for (int64_t i = 0; i < n;) {
+    if (at[i] < 0) {
+      ++i;
+      continue;
+    }
+    int64_t len = 1;
+    if (so == 1)
+      while (i + len < n && at[i + len] == at[i] + len) ++len;
+    raw* o = out + at[i];
+    const raw* src = tile + i * D;
+    if (len == 1) {
+      for (int64_t d = 0; d < D; ++d) o[d * sd] = src[d];
+    } else {
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t j = 0; j < len; ++j) o[d * sd + j] = src[j * D + d];
+    }
+    i += len;
   }
-  inline __m512 get(__m512i code) const {
-    const __mmask16 b5 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(32));
-    const __mmask16 b6 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(64));
-    const __m512 q0 = _mm512_permutex2var_ps(l[0], code, l[1]);
-    const __m512 q1 = _mm512_permutex2var_ps(l[2], code, l[3]);
-    const __m512 q2 = _mm512_permutex2var_ps(l[4], code, l[5]);
-    const __m512 q3 = _mm512_permutex2var_ps(l[6], code, l[7]);
-    return _mm512_mask_blend_ps(b6, _mm512_mask_blend_ps(b5, q0, q1),
-                                _mm512_mask_blend_ps(b5, q2, q3));
-  }
-};
+}
+
+#if defined(LYNX_AVX512)
+#include "lynx_cpu_avx512.h"
 #endif
 
 // Codes of xf[0..n): anchor and residual (signed, not yet packed). Written so that GCC
@@ -316,22 +309,10 @@ void quantize_codes(const float* __restrict xf, int64_t n, const Table& tb, cons
   const int32_t* __restrict bucket = tb.bucket;
   const int64_t probes = tb.num_probes;
   int64_t i0 = 0;
-#if defined(__AVX512F__)
+#if defined(LYNX_AVX512)
   {
-    const Search512 search(thr);
-    const __m512i vbias = _mm512_set1_epi32(bias), ones = _mm512_set1_epi32(-1);
-    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-    const __m128i sh = _mm_cvtsi32_si128(rb);
-    for (; i0 + 16 <= n; i0 += 16) {
-      const __m512 x = _mm512_loadu_ps(xf + i0);
-      const __m512i code = search.count(_mm512_and_ps(x, absmask));
-      const __m512i m = _mm512_sra_epi32(_mm512_add_epi32(code, vbias), sh);
-      const __m512i res = _mm512_sub_epi32(_mm512_sll_epi32(m, sh), code);
-      const __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a + i0),
-                       _mm512_cvtepi32_epi8(_mm512_mask_xor_epi32(m, neg, m, ones)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(r + i0), _mm512_cvtepi32_epi8(res));
-    }
+    const Coder512 coder(tb, p);
+    for (; i0 + 16 <= n; i0 += 16) coder(_mm512_loadu_ps(xf + i0), a + i0, r + i0);
   }
 #endif
   xf += i0;
@@ -465,8 +446,7 @@ void chunk_rows(const Params& p, bool token_axis, float* buf, int64_t r0, int64_
 
 template <typename Conv>
 void compress_item(const Params& p, int which, const int64_t* row, const typename Conv::raw* x,
-                   const int64_t* strides, uint8_t* anchor, uint8_t* residual,
-                   Scratch<Conv>& s) {
+                   const int64_t* strides, uint8_t* anchor, uint8_t* residual, Scratch& s) {
   using raw = typename Conv::raw;
   const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk;
   const Table& tb = p.t[which];
@@ -486,6 +466,16 @@ void compress_item(const Params& p, int which, const int64_t* row, const typenam
     }
   }
   if (tp == 0) return;
+  raw* gamma = reinterpret_cast<raw*>(anchor + row[F_GAMMA + which]);
+  uint16_t* stats = reinterpret_cast<uint16_t*>(anchor + row[F_STATS + which]);
+  uint8_t* codes = anchor + row[F_CODES + which];
+  uint8_t* res = residual + row[F_RES + which];
+#if defined(LYNX_AVX512)
+  if (compress_fast(p, tb, sd)) {
+    compress_body_avx512<Conv>(p, which, x, strides, body0, tp, gamma, stats, codes, res, s);
+    return;
+  }
+#endif
   const bool token_axis = tb.token_axis != 0;
   // Rows per block: one chunk of tokens (channel axis), or enough tokens to fill ~8 KB (token).
   const int64_t block = token_axis ? std::max<int64_t>(1, 2048 / D) : C;
@@ -499,10 +489,6 @@ void compress_item(const Params& p, int which, const int64_t* row, const typenam
   float* gmax = s.gmax.data();
   const int64_t nct = (tp + C - 1) / C, ncd = (D + C - 1) / C;
   const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
-  raw* gamma = reinterpret_cast<raw*>(anchor + row[F_GAMMA + which]);
-  uint16_t* stats = reinterpret_cast<uint16_t*>(anchor + row[F_STATS + which]);
-  uint8_t* codes = anchor + row[F_CODES + which];
-  uint8_t* res = residual + row[F_RES + which];
   std::vector<float> colmax(D), mu(D), sig(D);
   for (int64_t h = 0; h < H; ++h) {
     // Pass 1: the only read of the input; page min / max per channel on the fly.
@@ -542,26 +528,6 @@ void compress_item(const Params& p, int which, const int64_t* row, const typenam
   }
 }
 
-#if defined(__AVX512F__)
-template <typename Conv>
-inline void store16(typename Conv::raw* out, __m512 x);
-template <>
-inline void store16<F32>(float* out, __m512 x) { _mm512_storeu_ps(out, x); }
-template <>
-inline void store16<F16>(uint16_t* out, __m512 x) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                      _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-template <>
-inline void store16<BF16>(uint16_t* out, __m512 x) {  // round to nearest even (finite x)
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
-}
-#endif
-
 // One row of D values: codes -> float32 (the reference's op order) -> the KV dtype.
 template <typename Conv>
 void decode_row(const int32_t* __restrict ia, const int32_t* __restrict ir,
@@ -569,7 +535,7 @@ void decode_row(const int32_t* __restrict ia, const int32_t* __restrict ir,
                 const float* __restrict mu, const float* __restrict scale,
                 const float* __restrict gmin, typename Conv::raw* __restrict out, int64_t D) {
   int64_t d = 0;
-#if defined(__AVX512F__)
+#if defined(LYNX_AVX512)
   const Levels512 levels(lv);
   const __m128i sh = _mm_cvtsi32_si128(rb);
   const __m512i vmax = _mm512_set1_epi32(ymax), zero = _mm512_setzero_si512();
@@ -606,22 +572,30 @@ void decode_row(const int32_t* __restrict ia, const int32_t* __restrict ir,
   }
 }
 
+// Decode tables per K|V (the AVX-512 path's; unused otherwise).
+struct Decoders {
+#if defined(LYNX_AVX512)
+  DecodeTables t[2];
+#endif
+  explicit Decoders(const Params& p) {
+#if defined(LYNX_AVX512)
+    for (int w = 0; w < 2; ++w) decode_tables(p, p.t[w], t[w]);
+#else
+    (void)p;
+#endif
+  }
+};
+
 template <typename Conv>
 void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
                      const uint8_t* anchor, const uint8_t* residual, const Dest& dst,
-                     std::vector<int32_t>& ia, std::vector<int32_t>& ir) {
+                     const Decoders& dec, DScratch& s) {
   using raw = typename Conv::raw;
   const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk;
   const Table& tb = p.t[which];
   const int64_t tp = row[F_NUM_BODY], ns = row[F_NUM_SINK], body0 = row[F_BODY0];
   raw* out = reinterpret_cast<raw*>(dst.base[which]) + dst.offset[which] + h * dst.s_head[which];
-  const int64_t sb = dst.s_block[which], so = dst.s_token[which], sd = dst.s_dim[which];
-  const int64_t bs = dst.block_size;
-  auto where = [&](int64_t tok) -> int64_t {
-    const int64_t slot = dst.slots ? dst.slots[tok] : tok;
-    if (slot < 0) return -1;
-    return (slot / bs) * sb + (slot % bs) * so;
-  };
+  const int64_t sd = dst.s_dim[which];
   auto put = [&](int64_t at, const raw* src) {
     raw* o = out + at;
     if (sd == 1)
@@ -632,11 +606,19 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
   if (ns) {
     const raw* sink = reinterpret_cast<const raw*>(anchor + row[F_SINK + which]);
     for (int64_t j = 0; j < ns; ++j) {
-      const int64_t at = where(row[F_TOKEN0] + j);
+      const int64_t at = dst_offset(dst, which, row[F_TOKEN0] + j);
       if (at >= 0) put(at, sink + (h * ns + j) * D);
     }
   }
   if (tp == 0) return;
+#if defined(LYNX_AVX512)
+  if (decompress_fast(p, tb)) {
+    decompress_body_avx512<Conv>(p, which, h, row, anchor, residual, dst, dec.t[which], s);
+    return;
+  }
+#else
+  (void)dec;
+#endif
   const raw* gamma = reinterpret_cast<const raw*>(anchor + row[F_GAMMA + which]);
   const uint16_t* stats = reinterpret_cast<const uint16_t*>(anchor + row[F_STATS + which]);
   const bool token_axis = tb.token_axis != 0;
@@ -644,45 +626,54 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
   const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
   const int rb = (int)p.residual_bits, ab = (int)p.anchor_bits, ymax = (int)p.y_max;
   std::vector<float> gmin(D), scale(D), mu(D), sig(D);
-  std::vector<raw> row_out(D);
+  std::vector<int32_t>& ia = s.ia;
+  std::vector<int32_t>& ir = s.ir;
   ia.resize(D);
   ir.resize(D);
+  constexpr int64_t kRows = 32;  // rows decoded into tile, then written by put_rows
+  s.tile.resize(kRows * D * sizeof(raw));
+  raw* tile = reinterpret_cast<raw*>(s.tile.data());
+  int64_t at[kRows];
   for (int64_t d = 0; d < D; ++d) {
     gmin[d] = Conv::load(gamma[h * D + d]);
     scale[d] = Conv::load(gamma[H * D + h * D + d]) - gmin[d];
   }
   int64_t chunk_row = -1;
-  for (int64_t t = 0; t < tp; ++t) {
-    const int64_t at = where(body0 + t);
-    if (at < 0) continue;
-    if (!token_axis) {
-      if (t / C != chunk_row) {
-        chunk_row = t / C;
-        const uint16_t* m16 = stats + (h * nct + chunk_row) * D;
-        for (int64_t d = 0; d < D; ++d) {
-          mu[d] = f16_to_f32(m16[d]);
-          sig[d] = f16_to_f32(m16[d + total_chunks]);
+  for (int64_t t0 = 0; t0 < tp; t0 += kRows) {
+    const int64_t n = std::min(kRows, tp - t0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = t0 + i;
+      at[i] = dst_offset(dst, which, body0 + t);
+      if (at[i] < 0) continue;
+      if (!token_axis) {
+        if (t / C != chunk_row) {
+          chunk_row = t / C;
+          const uint16_t* m16 = stats + (h * nct + chunk_row) * D;
+          for (int64_t d = 0; d < D; ++d) {
+            mu[d] = f16_to_f32(m16[d]);
+            sig[d] = f16_to_f32(m16[d + total_chunks]);
+          }
+        }
+      } else {
+        const uint16_t* m16 = stats + (h * tp + t) * ncd;
+        for (int64_t c = 0; c < ncd; ++c) {
+          const float m = f16_to_f32(m16[c]), g = f16_to_f32(m16[c + total_chunks]);
+          for (int64_t d = c * C; d < std::min(D, (c + 1) * C); ++d) {
+            mu[d] = m;
+            sig[d] = g;
+          }
         }
       }
-    } else {
-      const uint16_t* m16 = stats + (h * tp + t) * ncd;
-      for (int64_t c = 0; c < ncd; ++c) {
-        const float m = f16_to_f32(m16[c]), g = f16_to_f32(m16[c + total_chunks]);
-        for (int64_t d = c * C; d < std::min(D, (c + 1) * C); ++d) {
-          mu[d] = m;
-          sig[d] = g;
-        }
-      }
+      const int64_t e0 = (h * tp + t) * D;
+      unpack(anchor + row[F_CODES + which], e0 * ab, D, ab, ia.data());
+      if (residual)
+        unpack(residual + row[F_RES + which], e0 * rb, D, rb, ir.data());
+      else
+        std::fill(ir.begin(), ir.end(), 0);
+      decode_row<Conv>(ia.data(), ir.data(), tb.levels, rb, ymax, sig.data(), mu.data(),
+                       scale.data(), gmin.data(), tile + i * D, D);
     }
-    const int64_t e0 = (h * tp + t) * D;
-    unpack(anchor + row[F_CODES + which], e0 * ab, D, ab, ia.data());
-    if (residual)
-      unpack(residual + row[F_RES + which], e0 * rb, D, rb, ir.data());
-    else
-      std::fill(ir.begin(), ir.end(), 0);
-    decode_row<Conv>(ia.data(), ir.data(), tb.levels, rb, ymax, sig.data(), mu.data(),
-                     scale.data(), gmin.data(), row_out.data(), D);
-    put(at, row_out.data());
+    put_rows<raw>(tile, at, n, D, out, dst.s_token[which], sd);
   }
 }
 
@@ -700,7 +691,7 @@ void compress_all(const Params& p, const void* k, const void* v, const int64_t* 
   const int64_t items = num_pages * 2;
 #pragma omp parallel num_threads(threads(p))
   {
-    Scratch<Conv> s;
+    Scratch s;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int which = (int)(it & 1);
@@ -715,14 +706,15 @@ template <typename Conv>
 void decompress_all(const Params& p, const uint8_t* anchor, const uint8_t* residual,
                     const int64_t* plan, int64_t num_pages, const Dest& dst) {
   const int64_t H = p.num_heads, items = num_pages * 2 * H;
+  const Decoders dec(p);
 #pragma omp parallel num_threads(threads(p))
   {
-    std::vector<int32_t> ia, ir;
+    DScratch s;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t page = it / (2 * H), which = (it / H) & 1, h = it % H;
-      decompress_item<Conv>(p, (int)which, h, plan + page * NUM_FIELDS, anchor, residual, dst, ia,
-                            ir);
+      decompress_item<Conv>(p, (int)which, h, plan + page * NUM_FIELDS, anchor, residual, dst,
+                            dec, s);
     }
   }
 }

@@ -1,0 +1,543 @@
+// AVX-512 (F + BW) fast paths of lynx_cpu.cpp, included by it inside its namespace when the
+// compiler targets AVX-512 (-march=native on such a CPU). Every value goes through the same
+// float32 operations as the scalar code, in the same order, so both paths write the same bytes;
+// only reductions whose result does not depend on order (min, max, max |x|) are reordered, and
+// the chunk mean keeps the reference's adjacent-pairs tree.
+//
+// Compress, per (page, K|V) item and head: pass 1 reads the page tile for its per-channel
+// min / max; then per block of rows (one chunk of C tokens on the channel axis, ~8 KB on the
+// token axis) the rows are normalised into an L1 tile, the chunk statistics, codes and packed
+// bytes follow. Token-axis chunks (C values of one token) are reduced four at a time with a
+// transposing shuffle tree. Decompress (4 + 4 bit split) reads 16 packed bytes of each stream
+// per 32 values and decodes the even and the odd values of the group in two registers, so
+// nibbles never need reordering; the bf16 / f16 results are interleaved on the way out.
+
+// ---- 16 values of the KV dtype <-> float32 -------------------------------------------------
+template <typename Conv>
+inline __m512 load16(const typename Conv::raw* p);
+template <>
+inline __m512 load16<F32>(const float* p) { return _mm512_loadu_ps(p); }
+template <>
+inline __m512 load16<F16>(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+template <>
+inline __m512 load16<BF16>(const uint16_t* p) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+// float32 -> bf16 bits in the high half of each lane: f32_to_bf16 (round to nearest even;
+// NaN -> quiet NaN, as the scalar code).
+inline __m512i bf16_round_hi(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+}
+
+// Values 0, 2, .., 30 (even) and 1, 3, .., 31 (odd) of a group of 32 -> out[0..32) in order.
+template <typename Conv>
+inline void store_even_odd(typename Conv::raw* out, __m512 even, __m512 odd);
+template <>
+inline void store_even_odd<F32>(float* out, __m512 even, __m512 odd) {
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+  _mm512_storeu_ps(out, _mm512_permutex2var_ps(even, lo, odd));
+  _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(even, hi, odd));
+}
+template <>
+inline void store_even_odd<F16>(uint16_t* out, __m512 even, __m512 odd) {
+  const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512i e = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(even, rc));
+  const __m512i o = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(odd, rc));
+  _mm512_storeu_si512(out, _mm512_or_si512(e, _mm512_slli_epi32(o, 16)));
+}
+template <>
+inline void store_even_odd<BF16>(uint16_t* out, __m512 even, __m512 odd) {
+  const __m512i e = _mm512_srli_epi32(bf16_round_hi(even), 16);
+  // (odd & 0xffff0000) | e
+  _mm512_storeu_si512(out, _mm512_ternarylogic_epi32(bf16_round_hi(odd), e,
+                                                     _mm512_set1_epi32((int)0xffff0000u), 0xe4));
+}
+
+template <typename Conv>
+inline void store16(typename Conv::raw* out, __m512 x);
+template <>
+inline void store16<F32>(float* out, __m512 x) { _mm512_storeu_ps(out, x); }
+template <>
+inline void store16<F16>(uint16_t* out, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+template <>
+inline void store16<BF16>(uint16_t* out, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round_hi(x), 16)));
+}
+
+inline __m512 round_f16_16(__m512 x) {  // f16_to_f32(f32_to_f16(x)) per lane
+  return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+inline __m512 abs16(__m512 x) {
+  return _mm512_castsi512_ps(
+      _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
+}
+
+// ---- codes ---------------------------------------------------------------------------------
+// The code count I = #{thresholds <= |x|} as a 7-step branchless binary search over the 128
+// padded thresholds, each step's candidates held in registers (permutes, no gathers: on these
+// Xeons a gather costs more than the whole search).
+struct Search512 {
+  __m512 t64, t32, t16, t8, t4, t2a, t2b, t1a, t1b, t1c, t1d;
+  explicit Search512(const float* thr) {
+    alignas(64) float buf[11][16];
+    for (auto& row : buf)
+      for (auto& x : row) x = INFINITY;
+    auto cand = [&](int step, float* out, int count, int first) {
+      for (int k = 0; k < count; ++k) out[k] = thr[(k + first) * 2 * step + step - 1];
+    };
+    cand(64, buf[0], 1, 0);
+    cand(32, buf[1], 2, 0);
+    cand(16, buf[2], 4, 0);
+    cand(8, buf[3], 8, 0);
+    cand(4, buf[4], 16, 0);
+    cand(2, buf[5], 16, 0);
+    cand(2, buf[6], 16, 16);
+    for (int q = 0; q < 4; ++q) cand(1, buf[7 + q], 16, 16 * q);
+    __m512* dst[11] = {&t64, &t32, &t16, &t8, &t4, &t2a, &t2b, &t1a, &t1b, &t1c, &t1d};
+    for (int i = 0; i < 11; ++i) *dst[i] = _mm512_load_ps(buf[i]);
+    t64 = _mm512_set1_ps(thr[63]);  // the first step compares every lane with one threshold
+  }
+  static inline __m512i step(__m512i idx, __m512 cand, __m512 v, int inc) {
+    const __mmask16 m = _mm512_cmp_ps_mask(cand, v, _CMP_LE_OQ);
+    return _mm512_mask_add_epi32(idx, m, idx, _mm512_set1_epi32(inc));
+  }
+  inline __m512i count(__m512 v) const {
+    __m512i idx = _mm512_setzero_si512();
+    idx = step(idx, t64, v, 64);
+    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 6), t32), v, 32);
+    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 5), t16), v, 16);
+    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t8), v, 8);
+    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 3), t4), v, 4);
+    idx = step(idx, _mm512_permutex2var_ps(t2a, _mm512_srli_epi32(idx, 2), t2b), v, 2);
+    const __m512i k = _mm512_srli_epi32(idx, 1);
+    const __mmask16 top = _mm512_test_epi32_mask(k, _mm512_set1_epi32(32));
+    const __m512 c = _mm512_mask_blend_ps(top, _mm512_permutex2var_ps(t1a, k, t1b),
+                                          _mm512_permutex2var_ps(t1c, k, t1d));
+    return step(idx, c, v, 1);
+  }
+};
+
+// Anchor and residual codes (signed int8, not yet packed) of 16 values xf, as quantize_codes.
+struct Coder512 {
+  Search512 search;
+  __m512i bias;
+  __m128i shift;
+  Coder512(const Table& tb, const Params& p)
+      : search(tb.thresholds), bias(_mm512_set1_epi32((int)p.bias)),
+        shift(_mm_cvtsi32_si128((int)p.residual_bits)) {}
+  inline void operator()(__m512 x, int8_t* a, int8_t* r) const {
+    const __m512i code = search.count(abs16(x));
+    const __m512i m = _mm512_sra_epi32(_mm512_add_epi32(code, bias), shift);
+    const __m512i res = _mm512_sub_epi32(_mm512_sll_epi32(m, shift), code);
+    const __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a),
+                     _mm512_cvtepi32_epi8(_mm512_mask_xor_epi32(m, neg, m, _mm512_set1_epi32(-1))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(r), _mm512_cvtepi32_epi8(res));
+  }
+};
+
+// levels[code] for 16 codes (bits 0..6 used, higher bits ignored): 4 two-register permutes + 3
+// blends.
+struct Levels512 {
+  __m512 l[8];
+  explicit Levels512(const float* lv) {
+    for (int i = 0; i < 8; ++i) l[i] = _mm512_loadu_ps(lv + 16 * i);
+  }
+  inline __m512 get(__m512i code) const {
+    const __mmask16 b5 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(32));
+    const __mmask16 b6 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(64));
+    const __m512 q0 = _mm512_permutex2var_ps(l[0], code, l[1]);
+    const __m512 q1 = _mm512_permutex2var_ps(l[2], code, l[3]);
+    const __m512 q2 = _mm512_permutex2var_ps(l[4], code, l[5]);
+    const __m512 q3 = _mm512_permutex2var_ps(l[6], code, l[7]);
+    return _mm512_mask_blend_ps(b6, _mm512_mask_blend_ps(b5, q0, q1),
+                                _mm512_mask_blend_ps(b5, q2, q3));
+  }
+};
+
+// ---- reductions ----------------------------------------------------------------------------
+// Four vectors -> one whose 128-bit block q holds op-reduce(v[q]) in every lane.
+template <typename Op>
+inline __m512 reduce4(__m512 v0, __m512 v1, __m512 v2, __m512 v3, Op op) {
+  const __m512 s01 = op(_mm512_shuffle_f32x4(v0, v1, 0x44), _mm512_shuffle_f32x4(v0, v1, 0xee));
+  const __m512 s23 = op(_mm512_shuffle_f32x4(v2, v3, 0x44), _mm512_shuffle_f32x4(v2, v3, 0xee));
+  const __m512 e = op(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
+  const __m512 f = op(e, _mm512_permute_ps(e, 0x4e));
+  return op(f, _mm512_permute_ps(f, 0xb1));
+}
+
+// The reference's adjacent-pairs tree sum of the 16 lanes, in every lane (a + b == b + a, so
+// each lane of each level holds its pair's sum).
+inline __m512 tree16(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));
+  return _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
+}
+
+// Tree sum of z[0..n) (n zmm of one chunk, zero-padded to nb = next_pow2(n) zmm), every lane.
+inline __m512 tree_chunk(const float* z, int64_t n, int64_t nb) {
+  __m512 part[16];  // nb <= 16: chunks of up to 256 values (fast path only)
+  for (int64_t b = 0; b < nb; ++b)
+    part[b] = b < n ? tree16(_mm512_loadu_ps(z + 16 * b)) : _mm512_setzero_ps();
+  for (int64_t len = nb / 2; len >= 1; len /= 2)
+    for (int64_t b = 0; b < len; ++b) part[b] = _mm512_add_ps(part[2 * b], part[2 * b + 1]);
+  return part[0];
+}
+
+const auto vmin = [](__m512 a, __m512 b) { return _mm512_min_ps(a, b); };
+const auto vmax = [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); };
+
+// ---- compress ------------------------------------------------------------------------------
+inline bool compress_fast(const Params& p, const Table& tb, int64_t sd) {
+  const int64_t D = p.head_dim, C = p.chunk;
+  if (sd != 1 || D % 16) return false;
+  if (tb.token_axis) return D % C == 0 && C % 16 == 0 && C <= 256;
+  return true;
+}
+
+// Chunks of C tokens of each channel: rows [r0, r0 + rows) of one head, 16 channels at a time.
+template <typename Conv>
+void compress_channel_block(const Params& p, const Coder512& coder, const typename Conv::raw* xh,
+                            int64_t st, int64_t r0, int64_t rows, const float* gmin,
+                            const float* scale, uint16_t* mu16, uint16_t* sg16, float* tile,
+                            float* fold, int8_t* ca, int8_t* cr) {
+  const int64_t D = p.head_dim, C = p.chunk, cp = next_pow2(C);
+  const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (int64_t j = 0; j < D; j += 16) {
+    const __m512 g = _mm512_loadu_ps(gmin + j), sc = _mm512_loadu_ps(scale + j);
+    const __mmask16 pos = _mm512_cmp_ps_mask(sc, _mm512_setzero_ps(), _CMP_GT_OQ);
+    __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < rows; ++i) {
+      const __m512 x = load16<Conv>(xh + (r0 + i) * st + j);
+      const __m512 xn = _mm512_maskz_div_ps(pos, _mm512_sub_ps(x, g), sc);
+      _mm512_storeu_ps(tile + 16 * i, xn);
+      lo = _mm512_min_ps(lo, xn);
+      hi = _mm512_max_ps(hi, xn);
+    }
+    __m512 mu;
+    if (p.midrange) {
+      mu = _mm512_div_ps(_mm512_add_ps(hi, lo), _mm512_set1_ps(2.0f));
+    } else {  // rows 2i and 2i+1 first, then adjacent pairs (zero rows up to next_pow2(C))
+      if (cp == 1) std::memcpy(fold, tile, 16 * sizeof(float));
+      for (int64_t i = 0; i < cp / 2; ++i) {
+        __m512 f = _mm512_setzero_ps();
+        if (2 * i + 1 < rows)
+          f = _mm512_add_ps(_mm512_loadu_ps(tile + 32 * i), _mm512_loadu_ps(tile + 32 * i + 16));
+        else if (2 * i < rows)
+          f = _mm512_loadu_ps(tile + 32 * i);
+        _mm512_storeu_ps(fold + 16 * i, f);
+      }
+      for (int64_t len = cp / 4; len >= 1; len /= 2)
+        for (int64_t i = 0; i < len; ++i)
+          _mm512_storeu_ps(fold + 16 * i, _mm512_add_ps(_mm512_loadu_ps(fold + 32 * i),
+                                                        _mm512_loadu_ps(fold + 32 * i + 16)));
+      mu = _mm512_div_ps(_mm512_loadu_ps(fold), _mm512_set1_ps((float)rows));
+    }
+    const __m256i mh = _mm512_cvtps_ph(mu, rc);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mu16 + j), mh);
+    mu = _mm512_cvtph_ps(mh);
+    __m512 am = _mm512_setzero_ps();
+    for (int64_t i = 0; i < rows; ++i)
+      am = _mm512_max_ps(am, abs16(_mm512_sub_ps(_mm512_loadu_ps(tile + 16 * i), mu)));
+    const __m256i sh = _mm512_cvtps_ph(am, rc);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sg16 + j), sh);
+    const __m512 sig = _mm512_cvtph_ps(sh);
+    const __mmask16 spos = _mm512_cmp_ps_mask(sig, _mm512_setzero_ps(), _CMP_GT_OQ);
+    for (int64_t i = 0; i < rows; ++i) {
+      const __m512 xc = _mm512_sub_ps(_mm512_loadu_ps(tile + 16 * i), mu);
+      coder(_mm512_maskz_div_ps(spos, xc, sig), ca + i * D + j, cr + i * D + j);
+    }
+  }
+}
+
+// Chunks of C head_dim values of each token (D % C == 0, C % 16 == 0): rows [r0, r0 + rows)
+// are normalised into tile (rows x D), then chunks are handled four at a time.
+template <typename Conv>
+void compress_token_block(const Params& p, const Coder512& coder, const typename Conv::raw* xh,
+                          int64_t st, int64_t r0, int64_t rows, const float* gmin,
+                          const float* scale, uint16_t* mu16, uint16_t* sg16, float* tile,
+                          int8_t* ca, int8_t* cr) {
+  const int64_t D = p.head_dim, C = p.chunk, zc = C / 16, nb = next_pow2(zc);
+  const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < D; j += 16) {
+      const __m512 g = _mm512_loadu_ps(gmin + j), sc = _mm512_loadu_ps(scale + j);
+      const __mmask16 pos = _mm512_cmp_ps_mask(sc, _mm512_setzero_ps(), _CMP_GT_OQ);
+      const __m512 x = load16<Conv>(xh + (r0 + i) * st + j);
+      _mm512_storeu_ps(tile + i * D + j, _mm512_maskz_div_ps(pos, _mm512_sub_ps(x, g), sc));
+    }
+  const int64_t nch = rows * (D / C);
+  const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  for (int64_t k0 = 0; k0 < nch; k0 += 4) {
+    const int64_t nq = std::min<int64_t>(4, nch - k0);
+    const float* z[4];
+    for (int q = 0; q < 4; ++q) z[q] = tile + (k0 + std::min<int64_t>(q, nq - 1)) * C;
+    __m512 mu4;
+    if (p.midrange) {
+      __m512 lo[4], hi[4];
+      for (int q = 0; q < 4; ++q) {
+        lo[q] = hi[q] = _mm512_loadu_ps(z[q]);
+        for (int64_t b = 1; b < zc; ++b) {
+          const __m512 v = _mm512_loadu_ps(z[q] + 16 * b);
+          lo[q] = _mm512_min_ps(lo[q], v);
+          hi[q] = _mm512_max_ps(hi[q], v);
+        }
+      }
+      mu4 = _mm512_div_ps(_mm512_add_ps(reduce4(hi[0], hi[1], hi[2], hi[3], vmax),
+                                        reduce4(lo[0], lo[1], lo[2], lo[3], vmin)),
+                          _mm512_set1_ps(2.0f));
+    } else {
+      mu4 = tree_chunk(z[0], zc, nb);
+      mu4 = _mm512_mask_blend_ps(0x00f0, mu4, tree_chunk(z[1], zc, nb));
+      mu4 = _mm512_mask_blend_ps(0x0f00, mu4, tree_chunk(z[2], zc, nb));
+      mu4 = _mm512_mask_blend_ps(0xf000, mu4, tree_chunk(z[3], zc, nb));
+      mu4 = _mm512_div_ps(mu4, _mm512_set1_ps((float)C));
+    }
+    const __mmask8 keep = (__mmask8)((1u << nq) - 1u);
+    _mm_mask_storeu_epi16(mu16 + k0, keep,
+                          _mm256_castsi256_si128(_mm512_cvtps_ph(_mm512_permutexvar_ps(pick, mu4), rc)));
+    mu4 = round_f16_16(mu4);
+    __m512 mu[4], am[4];
+    for (int q = 0; q < 4; ++q) {
+      mu[q] = _mm512_permutexvar_ps(_mm512_set1_epi32(4 * q), mu4);  // block q
+      am[q] = abs16(_mm512_sub_ps(_mm512_loadu_ps(z[q]), mu[q]));
+      for (int64_t b = 1; b < zc; ++b)
+        am[q] = _mm512_max_ps(am[q], abs16(_mm512_sub_ps(_mm512_loadu_ps(z[q] + 16 * b), mu[q])));
+    }
+    const __m512 sg4 = reduce4(am[0], am[1], am[2], am[3], vmax);
+    _mm_mask_storeu_epi16(sg16 + k0, keep,
+                          _mm256_castsi256_si128(_mm512_cvtps_ph(_mm512_permutexvar_ps(pick, sg4), rc)));
+    const __m512 sig4 = round_f16_16(sg4);
+    for (int q = 0; q < nq; ++q) {
+      const __m512 sig = _mm512_permutexvar_ps(_mm512_set1_epi32(4 * q), sig4);
+      const __mmask16 spos = _mm512_cmp_ps_mask(sig, _mm512_setzero_ps(), _CMP_GT_OQ);
+      const int64_t at = (k0 + q) * C;
+      for (int64_t b = 0; b < zc; ++b) {
+        const __m512 xc = _mm512_sub_ps(_mm512_loadu_ps(z[q] + 16 * b), mu[q]);
+        coder(_mm512_maskz_div_ps(spos, xc, sig), ca + at + 16 * b, cr + at + 16 * b);
+      }
+    }
+  }
+}
+
+// The quantized body of one (page, K|V) item: gamma, stats, codes (compress_item's pass 1 and 2).
+template <typename Conv>
+void compress_body_avx512(const Params& p, int which, const typename Conv::raw* x,
+                          const int64_t* strides, int64_t body0, int64_t tp,
+                          typename Conv::raw* gamma, uint16_t* stats, uint8_t* codes,
+                          uint8_t* res, Scratch& s) {
+  const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk;
+  const Table& tb = p.t[which];
+  const bool token_axis = tb.token_axis != 0;
+  const int64_t sh = strides[0], st = strides[1];
+  const int64_t nct = (tp + C - 1) / C, ncd = D / C;
+  const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
+  // Rows per block: one chunk of tokens (channel axis), or ~8 KB of floats (token axis).
+  const int64_t block = token_axis ? std::max<int64_t>(4, (2048 / D) & ~int64_t(3)) : C;
+  s.buf.resize(block * D + 16);
+  s.fold.resize(std::max<int64_t>(next_pow2(C) / 2, 1) * 16);
+  s.gmin.resize(D);
+  s.gmax.resize(D);
+  s.a.resize(block * D);
+  s.r.resize(block * D);
+  float* gmin = s.gmin.data();
+  float* scale = s.gmax.data();
+  const Coder512 coder(tb, p);
+  for (int64_t h = 0; h < H; ++h) {
+    const typename Conv::raw* xh = x + h * sh + body0 * st;
+    // Pass 1: page min / max per channel (first value kept on ties, as std::min / std::max).
+    for (int64_t j = 0; j < D; j += 16) {
+      __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
+      for (int64_t t = 0; t < tp; ++t) {
+        const __m512 v = load16<Conv>(xh + t * st + j);
+        lo = _mm512_min_ps(v, lo);
+        hi = _mm512_max_ps(v, hi);
+      }
+      _mm512_storeu_ps(gmin + j, lo);
+      _mm512_storeu_ps(scale + j, hi);
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      gamma[h * D + d] = Conv::store(gmin[d]);  // exact: an input value
+      gamma[H * D + h * D + d] = Conv::store(scale[d]);
+      scale[d] = scale[d] - gmin[d];
+    }
+    // Pass 2: per block of rows: statistics, codes, packing.
+    for (int64_t r0 = 0; r0 < tp; r0 += block) {
+      const int64_t rows = std::min(block, tp - r0);
+      if (token_axis) {
+        uint16_t* mu16 = stats + (h * tp + r0) * ncd;
+        compress_token_block<Conv>(p, coder, xh, st, r0, rows, gmin, scale, mu16,
+                                   mu16 + total_chunks, s.buf.data(), s.a.data(), s.r.data());
+      } else {
+        uint16_t* mu16 = stats + (h * nct + r0 / C) * D;
+        compress_channel_block<Conv>(p, coder, xh, st, r0, rows, gmin, scale, mu16,
+                                     mu16 + total_chunks, s.buf.data(), s.fold.data(),
+                                     s.a.data(), s.r.data());
+      }
+      const int64_t n = rows * D, e0 = (h * tp + r0) * D;
+      pack(s.a.data(), n, (int)p.anchor_bits, codes, e0 * p.anchor_bits);
+      pack(s.r.data(), n, (int)p.residual_bits, res, e0 * p.residual_bits);
+    }
+  }
+}
+
+// ---- decompress ----------------------------------------------------------------------------
+// Decode tables of the 4 + 4 split: full[(m << 4) | (residual & 15)] = levels[clamp((m << 4) -
+// residual)] (m = anchor magnitude), anchor[nibble] = the signed anchor-stage value.
+struct DecodeTables {
+  alignas(64) float full[128];
+  alignas(64) float anchor[16];
+};
+
+inline void decode_tables(const Params& p, const Table& tb, DecodeTables& out) {
+  const int ymax = (int)p.y_max;
+  auto mag = [&](int code) { return tb.levels[code < 0 ? 0 : (code > ymax ? ymax : code)]; };
+  for (int m = 0; m < 8; ++m)
+    for (int rn = 0; rn < 16; ++rn) out.full[m * 16 + rn] = mag((m << 4) - ((rn ^ 8) - 8));
+  for (int n = 0; n < 16; ++n) {
+    const int a = (n ^ 8) - 8, neg = a >> 31, m = a ^ neg;
+    const float v = mag(m << 4);
+    out.anchor[n] = bitsf(fbits(v) ^ ((uint32_t)neg & 0x80000000u));
+  }
+}
+
+inline bool decompress_fast(const Params& p, const Table& tb) {
+  const int64_t D = p.head_dim, C = p.chunk;
+  if (p.anchor_bits != 4 || p.residual_bits != 4 || D % 32) return false;
+  return !tb.token_axis || (C % 32 == 0 && D % C == 0);
+}
+
+// Values 0, 2, .. and 1, 3, .. of the float32 row v[0..32) (-> 16 + 16 floats at e, o).
+inline void deinterleave32(const float* v, float* e, float* o) {
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+  const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+  _mm512_storeu_ps(e, _mm512_permutex2var_ps(a, ie, b));
+  _mm512_storeu_ps(o, _mm512_permutex2var_ps(a, io, b));
+}
+
+// One token's D values from its packed 4-bit anchor (and residual) bytes; per 32-value group g
+// the parameters are at [32 g, 32 g + 16) (even values) and [32 g + 16, 32 g + 32) (odd).
+template <typename Conv>
+inline void decode_row_44(const uint8_t* arow, const uint8_t* rrow, const DecodeTables& dt,
+                          const Levels512& lv, const float* sig, const float* mu,
+                          const float* scale, const float* gmin, bool bcast,
+                          typename Conv::raw* out, int64_t D) {
+  const __m512i sel = _mm512_set1_epi32(0x70), b3 = _mm512_set1_epi32(8),
+                b7 = _mm512_set1_epi32(0x80), sign = _mm512_set1_epi32((int)0x80000000u);
+  const __m512 t16 = _mm512_load_ps(dt.anchor);
+  for (int64_t g = 0; g < D / 32; ++g) {
+    const __m512i A = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(arow + 16 * g)));
+    __m512 xe, xo;
+    if (rrow) {
+      const __m512i R = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rrow + 16 * g)));
+      // bits 4..6: anchor magnitude bits, 0..3: residual nibble (0xca: sel ? a : b)
+      const __m512i ie = _mm512_ternarylogic_epi32(sel, _mm512_slli_epi32(A, 4), R, 0xca);
+      const __m512i io = _mm512_ternarylogic_epi32(sel, A, _mm512_srli_epi32(R, 4), 0xca);
+      const __mmask16 ne = _mm512_test_epi32_mask(A, b3), no = _mm512_test_epi32_mask(A, b7);
+      const __m512i le = _mm512_castps_si512(lv.get(_mm512_mask_xor_epi32(ie, ne, ie, sel)));
+      const __m512i lo = _mm512_castps_si512(lv.get(_mm512_mask_xor_epi32(io, no, io, sel)));
+      xe = _mm512_castsi512_ps(_mm512_mask_xor_epi32(le, ne, le, sign));
+      xo = _mm512_castsi512_ps(_mm512_mask_xor_epi32(lo, no, lo, sign));
+    } else {
+      xe = _mm512_permutexvar_ps(A, t16);
+      xo = _mm512_permutexvar_ps(_mm512_srli_epi32(A, 4), t16);
+    }
+    __m512 se, so, me, mo;
+    if (bcast) {
+      se = so = _mm512_set1_ps(sig[g]);
+      me = mo = _mm512_set1_ps(mu[g]);
+    } else {
+      se = _mm512_loadu_ps(sig + 32 * g), so = _mm512_loadu_ps(sig + 32 * g + 16);
+      me = _mm512_loadu_ps(mu + 32 * g), mo = _mm512_loadu_ps(mu + 32 * g + 16);
+    }
+    const __m512 ne = _mm512_add_ps(_mm512_mul_ps(xe, se), me);  // no FMA: two roundings
+    const __m512 no = _mm512_add_ps(_mm512_mul_ps(xo, so), mo);
+    const __m512 ve = _mm512_add_ps(_mm512_mul_ps(ne, _mm512_loadu_ps(scale + 32 * g)),
+                                    _mm512_loadu_ps(gmin + 32 * g));
+    const __m512 vo = _mm512_add_ps(_mm512_mul_ps(no, _mm512_loadu_ps(scale + 32 * g + 16)),
+                                    _mm512_loadu_ps(gmin + 32 * g + 16));
+    store_even_odd<Conv>(out + 32 * g, ve, vo);
+  }
+}
+
+// The quantized tokens of one (page, K|V, head) item (decompress_item's body), 4 + 4 split.
+// Rows go straight to the destination when its head_dim is contiguous, else through a tile of
+// 32 rows written out by put_rows.
+template <typename Conv>
+void decompress_body_avx512(const Params& p, int which, int64_t h, const int64_t* row,
+                            const uint8_t* anchor, const uint8_t* residual, const Dest& dst,
+                            const DecodeTables& dt, DScratch& s) {
+  using raw = typename Conv::raw;
+  const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk;
+  const bool token_axis = p.t[which].token_axis != 0;
+  const int64_t tp = row[F_NUM_BODY], body0 = row[F_BODY0];
+  const raw* gamma = reinterpret_cast<const raw*>(anchor + row[F_GAMMA + which]);
+  const uint16_t* stats = reinterpret_cast<const uint16_t*>(anchor + row[F_STATS + which]);
+  const uint8_t* codes = anchor + row[F_CODES + which];
+  const uint8_t* res = residual ? residual + row[F_RES + which] : nullptr;
+  const int64_t nct = (tp + C - 1) / C, ncd = D / C;
+  const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
+  raw* out = reinterpret_cast<raw*>(dst.base[which]) + dst.offset[which] + h * dst.s_head[which];
+  const int64_t sd = dst.s_dim[which];
+  constexpr int64_t kRows = 32;
+  s.f.resize(5 * D);
+  float *gmin = s.f.data(), *scale = gmin + D, *mu = scale + D, *sig = mu + D, *tmp = sig + D;
+  s.tile.resize(sd == 1 ? 0 : kRows * D * sizeof(raw));
+  raw* tile = reinterpret_cast<raw*>(s.tile.data());
+  for (int64_t d = 0; d < D; ++d) tmp[d] = Conv::load(gamma[h * D + d]);
+  for (int64_t g = 0; g < D; g += 32) deinterleave32(tmp + g, gmin + g, gmin + g + 16);
+  for (int64_t d = 0; d < D; ++d) tmp[d] = Conv::load(gamma[H * D + h * D + d]) - tmp[d];
+  for (int64_t g = 0; g < D; g += 32) deinterleave32(tmp + g, scale + g, scale + g + 16);
+  const Levels512 lv(dt.full);
+  int64_t at[kRows];
+  int64_t chunk_row = -1;
+  for (int64_t t0 = 0; t0 < tp; t0 += kRows) {
+    const int64_t n = std::min(kRows, tp - t0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = t0 + i;
+      at[i] = dst_offset(dst, which, body0 + t);
+      if (at[i] < 0) continue;
+      if (!token_axis) {
+        if (t / C != chunk_row) {
+          chunk_row = t / C;
+          const uint16_t* m16 = stats + (h * nct + chunk_row) * D;
+          for (int64_t g = 0; g < D; g += 16) {
+            const __m256i* pm = reinterpret_cast<const __m256i*>(m16 + g);
+            const __m256i* ps = reinterpret_cast<const __m256i*>(m16 + total_chunks + g);
+            _mm512_storeu_ps(tmp + g, _mm512_cvtph_ps(_mm256_loadu_si256(pm)));
+            _mm512_storeu_ps(sig + g, _mm512_cvtph_ps(_mm256_loadu_si256(ps)));
+          }
+          for (int64_t g = 0; g < D; g += 32) deinterleave32(tmp + g, mu + g, mu + g + 16);
+          std::memcpy(tmp, sig, D * sizeof(float));
+          for (int64_t g = 0; g < D; g += 32) deinterleave32(tmp + g, sig + g, sig + g + 16);
+        }
+      } else {  // one (mu, sigma) per 32-value group
+        const uint16_t* m16 = stats + (h * tp + t) * ncd;
+        for (int64_t g = 0; g < D / 32; ++g) {
+          mu[g] = f16_to_f32(m16[g * 32 / C]);
+          sig[g] = f16_to_f32(m16[g * 32 / C + total_chunks]);
+        }
+      }
+      const int64_t e0 = (h * tp + t) * D;  // 4-bit codes: byte e0 / 2
+      decode_row_44<Conv>(codes + e0 / 2, res ? res + e0 / 2 : nullptr, dt, lv, sig, mu, scale,
+                          gmin, token_axis, sd == 1 ? out + at[i] : tile + i * D, D);
+    }
+    if (sd != 1) put_rows<raw>(tile, at, n, D, out, dst.s_token[which], sd);
+  }
+}
