@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
@@ -262,12 +263,25 @@ struct DScratch {  // per thread, decompress
   std::vector<uint8_t> tile;
 };
 
-// Element offset of token tok's row in destination which (-1: not written).
-inline int64_t dst_offset(const Dest& dst, int which, int64_t tok) {
-  const int64_t slot = dst.slots ? dst.slots[tok] : tok;
-  if (slot < 0) return -1;
-  return (slot / dst.block_size) * dst.s_block[which] + (slot % dst.block_size) * dst.s_token[which];
-}
+// Element offset of a token's row in one destination (-1: not written). Block sizes that are
+// powers of two (every vLLM layout; 1 for a dense output) take a shift, not a division.
+struct Where {
+  const int64_t* slots;  // nullptr: slot = token
+  int64_t bs, sb, so;
+  int shift;             // log2(bs), or -1
+  Where(const Dest& dst, int which)
+      : slots(dst.slots), bs(dst.block_size), sb(dst.s_block[which]), so(dst.s_token[which]),
+        shift(-1) {
+    for (int k = 0; k < 63; ++k)
+      if ((int64_t(1) << k) == bs) shift = k;
+  }
+  inline int64_t operator()(int64_t tok) const {
+    const int64_t slot = slots ? slots[tok] : tok;
+    if (slot < 0) return -1;
+    if (shift >= 0) return (slot >> shift) * sb + (slot & (bs - 1)) * so;
+    return (slot / bs) * sb + (slot % bs) * so;
+  }
+};
 
 // Rows tile[i] (D values each) to out + at[i] (at[i] < 0: skipped), head_dim stride sd. Runs of
 // tokens in consecutive slots of a token-contiguous layout (s_token == 1: vLLM CPU's K) are
@@ -596,6 +610,7 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
   const int64_t tp = row[F_NUM_BODY], ns = row[F_NUM_SINK], body0 = row[F_BODY0];
   raw* out = reinterpret_cast<raw*>(dst.base[which]) + dst.offset[which] + h * dst.s_head[which];
   const int64_t sd = dst.s_dim[which];
+  const Where where(dst, which);
   auto put = [&](int64_t at, const raw* src) {
     raw* o = out + at;
     if (sd == 1)
@@ -606,7 +621,7 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
   if (ns) {
     const raw* sink = reinterpret_cast<const raw*>(anchor + row[F_SINK + which]);
     for (int64_t j = 0; j < ns; ++j) {
-      const int64_t at = dst_offset(dst, which, row[F_TOKEN0] + j);
+      const int64_t at = where(row[F_TOKEN0] + j);
       if (at >= 0) put(at, sink + (h * ns + j) * D);
     }
   }
@@ -638,16 +653,17 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
     gmin[d] = Conv::load(gamma[h * D + d]);
     scale[d] = Conv::load(gamma[H * D + h * D + d]) - gmin[d];
   }
-  int64_t chunk_row = -1;
+  int64_t chunk_row = -1, chunk_end = 0;
   for (int64_t t0 = 0; t0 < tp; t0 += kRows) {
     const int64_t n = std::min(kRows, tp - t0);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = t0 + i;
-      at[i] = dst_offset(dst, which, body0 + t);
+      at[i] = where(body0 + t);
       if (at[i] < 0) continue;
       if (!token_axis) {
-        if (t / C != chunk_row) {
+        if (t >= chunk_end) {
           chunk_row = t / C;
+          chunk_end = (chunk_row + 1) * C;
           const uint16_t* m16 = stats + (h * nct + chunk_row) * D;
           for (int64_t d = 0; d < D; ++d) {
             mu[d] = f16_to_f32(m16[d]);

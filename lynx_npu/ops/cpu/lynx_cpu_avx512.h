@@ -89,7 +89,8 @@ inline __m512 abs16(__m512 x) {
 // ---- codes ---------------------------------------------------------------------------------
 // The code count I = #{thresholds <= |x|} as a 7-step branchless binary search over the 128
 // padded thresholds, each step's candidates held in registers (permutes, no gathers: on these
-// Xeons a gather costs more than the whole search).
+// Xeons a gather costs more than the whole search). Four searches run interleaved: one search
+// is a chain of ~50 cycles, so four keep the permute / compare port busy.
 struct Search512 {
   __m512 t64, t32, t16, t8, t4, t2a, t2b, t1a, t1b, t1c, t1d;
   explicit Search512(const float* thr) {
@@ -115,23 +116,32 @@ struct Search512 {
     const __mmask16 m = _mm512_cmp_ps_mask(cand, v, _CMP_LE_OQ);
     return _mm512_mask_add_epi32(idx, m, idx, _mm512_set1_epi32(inc));
   }
-  inline __m512i count(__m512 v) const {
-    __m512i idx = _mm512_setzero_si512();
-    idx = step(idx, t64, v, 64);
-    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 6), t32), v, 32);
-    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 5), t16), v, 16);
-    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t8), v, 8);
-    idx = step(idx, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 3), t4), v, 4);
-    idx = step(idx, _mm512_permutex2var_ps(t2a, _mm512_srli_epi32(idx, 2), t2b), v, 2);
-    const __m512i k = _mm512_srli_epi32(idx, 1);
-    const __mmask16 top = _mm512_test_epi32_mask(k, _mm512_set1_epi32(32));
-    const __m512 c = _mm512_mask_blend_ps(top, _mm512_permutex2var_ps(t1a, k, t1b),
-                                          _mm512_permutex2var_ps(t1c, k, t1d));
-    return step(idx, c, v, 1);
+  template <int N>
+  inline void count(const __m512* v, __m512i* idx) const {
+    for (int i = 0; i < N; ++i) idx[i] = step(_mm512_setzero_si512(), t64, v[i], 64);
+    for (int i = 0; i < N; ++i)
+      idx[i] = step(idx[i], _mm512_permutexvar_ps(_mm512_srli_epi32(idx[i], 6), t32), v[i], 32);
+    for (int i = 0; i < N; ++i)
+      idx[i] = step(idx[i], _mm512_permutexvar_ps(_mm512_srli_epi32(idx[i], 5), t16), v[i], 16);
+    for (int i = 0; i < N; ++i)
+      idx[i] = step(idx[i], _mm512_permutexvar_ps(_mm512_srli_epi32(idx[i], 4), t8), v[i], 8);
+    for (int i = 0; i < N; ++i)
+      idx[i] = step(idx[i], _mm512_permutexvar_ps(_mm512_srli_epi32(idx[i], 3), t4), v[i], 4);
+    for (int i = 0; i < N; ++i)
+      idx[i] = step(idx[i], _mm512_permutex2var_ps(t2a, _mm512_srli_epi32(idx[i], 2), t2b), v[i], 2);
+    for (int i = 0; i < N; ++i) {
+      const __m512i k = _mm512_srli_epi32(idx[i], 1);
+      const __mmask16 top = _mm512_test_epi32_mask(k, _mm512_set1_epi32(32));
+      const __m512 c = _mm512_mask_blend_ps(top, _mm512_permutex2var_ps(t1a, k, t1b),
+                                            _mm512_permutex2var_ps(t1c, k, t1d));
+      idx[i] = step(idx[i], c, v[i], 1);
+    }
   }
 };
 
-// Anchor and residual codes (signed int8, not yet packed) of 16 values xf, as quantize_codes.
+// Anchor and residual codes of xf, as quantize_codes: N registers (16 values each) at a time.
+// code<N>(xf, a, r): signed int8 codes to a[0..16N), r[0..16N). code4_packed44: the 4 + 4
+// split's 64 codes packed straight into 32 anchor and 32 residual bytes.
 struct Coder512 {
   Search512 search;
   __m512i bias;
@@ -139,15 +149,52 @@ struct Coder512 {
   Coder512(const Table& tb, const Params& p)
       : search(tb.thresholds), bias(_mm512_set1_epi32((int)p.bias)),
         shift(_mm_cvtsi32_si128((int)p.residual_bits)) {}
-  inline void operator()(__m512 x, int8_t* a, int8_t* r) const {
-    const __m512i code = search.count(abs16(x));
-    const __m512i m = _mm512_sra_epi32(_mm512_add_epi32(code, bias), shift);
-    const __m512i res = _mm512_sub_epi32(_mm512_sll_epi32(m, shift), code);
-    const __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(a),
-                     _mm512_cvtepi32_epi8(_mm512_mask_xor_epi32(m, neg, m, _mm512_set1_epi32(-1))));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(r), _mm512_cvtepi32_epi8(res));
+  // m and res of N registers; m is already ~m (-m - 1) for negative xf.
+  template <int N>
+  inline void codes(const __m512* xf, __m512i* m, __m512i* res) const {
+    __m512 ax[N];
+    for (int i = 0; i < N; ++i) ax[i] = abs16(xf[i]);
+    __m512i code[N];
+    search.count<N>(ax, code);
+    for (int i = 0; i < N; ++i) {
+      const __m512i mm = _mm512_sra_epi32(_mm512_add_epi32(code[i], bias), shift);
+      res[i] = _mm512_sub_epi32(_mm512_sll_epi32(mm, shift), code[i]);
+      const __mmask16 neg = _mm512_cmp_ps_mask(xf[i], _mm512_setzero_ps(), _CMP_LT_OQ);
+      m[i] = _mm512_mask_xor_epi32(mm, neg, mm, _mm512_set1_epi32(-1));
+    }
   }
+  template <int N>
+  inline void code(const __m512* xf, int8_t* a, int8_t* r) const {
+    __m512i m[N], res[N];
+    codes<N>(xf, m, res);
+    for (int i = 0; i < N; ++i) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a + 16 * i), _mm512_cvtepi32_epi8(m[i]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(r + 16 * i), _mm512_cvtepi32_epi8(res[i]));
+    }
+  }
+  inline void code4_packed44(const __m512* xf, uint8_t* a, uint8_t* r) const {
+    __m512i m[4], res[4], b[4];
+    codes<4>(xf, m, res);
+    const __m512i lo4 = _mm512_set1_epi32(0x0f);
+    for (int i = 0; i < 4; ++i) {  // byte = anchor nibble | residual nibble << 4
+      const __m512i r4 = _mm512_srli_epi32(_mm512_slli_epi32(res[i], 28), 24);
+      b[i] = _mm512_ternarylogic_epi32(lo4, m[i], r4, 0xca);
+    }
+    // 64 bytes in order: the packs interleave per 128-bit block, vpermd restores the order
+    const __m512i w = _mm512_packus_epi16(_mm512_packus_epi32(b[0], b[1]),
+                                          _mm512_packus_epi32(b[2], b[3]));
+    const __m512i bytes = _mm512_permutexvar_epi32(
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), w);
+    // 16-bit pair q = b0 | b1 << 8 -> anchor byte (q & 0xf) | (q >> 4 & 0xf0), residual byte
+    // (q >> 4 & 0xf) | (q >> 8 & 0xf0)
+    const __m512i sel = _mm512_set1_epi16(0x000f);
+    const __m512i q4 = _mm512_srli_epi16(bytes, 4);
+    const __m512i an = _mm512_ternarylogic_epi32(sel, bytes, q4, 0xca);
+    const __m512i rn = _mm512_ternarylogic_epi32(sel, q4, _mm512_srli_epi16(bytes, 8), 0xca);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a), _mm512_cvtepi16_epi8(an));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(r), _mm512_cvtepi16_epi8(rn));
+  }
+  inline void operator()(__m512 x, int8_t* a, int8_t* r) const { code<1>(&x, a, r); }
 };
 
 // levels[code] for 16 codes (bits 0..6 used, higher bits ignored): 4 two-register permutes + 3
@@ -205,102 +252,171 @@ const auto vmax = [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); };
 // ---- compress ------------------------------------------------------------------------------
 inline bool compress_fast(const Params& p, const Table& tb, int64_t sd) {
   const int64_t D = p.head_dim, C = p.chunk;
-  if (sd != 1 || D % 16) return false;
+  if (sd != 1 || D % 16 || D > 256) return false;
   if (tb.token_axis) return D % C == 0 && C % 16 == 0 && C <= 256;
   return true;
 }
 
-// Chunks of C tokens of each channel: rows [r0, r0 + rows) of one head, 16 channels at a time.
-template <typename Conv>
-void compress_channel_block(const Params& p, const Coder512& coder, const typename Conv::raw* xh,
-                            int64_t st, int64_t r0, int64_t rows, const float* gmin,
-                            const float* scale, uint16_t* mu16, uint16_t* sg16, float* tile,
-                            float* fold, int8_t* ca, int8_t* cr) {
-  const int64_t D = p.head_dim, C = p.chunk, cp = next_pow2(C);
-  const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  for (int64_t j = 0; j < D; j += 16) {
-    const __m512 g = _mm512_loadu_ps(gmin + j), sc = _mm512_loadu_ps(scale + j);
-    const __mmask16 pos = _mm512_cmp_ps_mask(sc, _mm512_setzero_ps(), _CMP_GT_OQ);
-    __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < rows; ++i) {
-      const __m512 x = load16<Conv>(xh + (r0 + i) * st + j);
-      const __m512 xn = _mm512_maskz_div_ps(pos, _mm512_sub_ps(x, g), sc);
-      _mm512_storeu_ps(tile + 16 * i, xn);
-      lo = _mm512_min_ps(lo, xn);
-      hi = _mm512_max_ps(hi, xn);
+// The centring of one block: per parameter set k (a 16-channel strip, channel axis; a chunk,
+// token axis) mu, sigma (16 lanes each) and sigma > 0. Register z of the block's tile uses set
+// (z / every) % wrap.
+struct Centres {
+  std::vector<float> mu, sig;
+  std::vector<__mmask16> pos;
+  int64_t every = 1, wrap = 1;
+  void resize(int64_t n) {
+    mu.resize(16 * n);
+    sig.resize(16 * n);
+    pos.resize(n);
+  }
+  void set(int64_t k, __m512 m, __m512 s) {
+    _mm512_storeu_ps(mu.data() + 16 * k, m);
+    _mm512_storeu_ps(sig.data() + 16 * k, s);
+    pos[k] = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ);
+  }
+};
+
+// Codes of the block's nz registers xf = (tile - mu) / sigma (0 where sigma == 0), four at a
+// time; written packed (4 + 4 split: straight to the streams) or as bytes for pack().
+inline void code_block(const Coder512& coder, const Centres& c, const float* tile, int64_t nz,
+                       bool packed44, uint8_t* a44, uint8_t* r44, int8_t* ca, int8_t* cr) {
+  int64_t k = 0, sub = 0;
+  auto next = [&](int64_t z) {
+    const int64_t set = k;
+    if (++sub == c.every) {
+      sub = 0;
+      if (++k == c.wrap) k = 0;
     }
-    __m512 mu;
+    const __m512 xc = _mm512_sub_ps(_mm512_loadu_ps(tile + 16 * z), _mm512_loadu_ps(&c.mu[16 * set]));
+    return _mm512_maskz_div_ps(c.pos[set], xc, _mm512_loadu_ps(&c.sig[16 * set]));
+  };
+  int64_t z = 0;
+  for (; z + 4 <= nz; z += 4) {
+    __m512 xf[4];
+    for (int i = 0; i < 4; ++i) xf[i] = next(z + i);
+    if (packed44)
+      coder.code4_packed44(xf, a44 + 8 * z, r44 + 8 * z);
+    else
+      coder.code<4>(xf, ca + 16 * z, cr + 16 * z);
+  }
+  if (z < nz) {  // the rest, through bytes
+    alignas(64) int8_t ta[64], tr[64];
+    const int64_t n = nz - z;
+    for (int64_t i = 0; i < n; ++i) coder(next(z + i), ta + 16 * i, tr + 16 * i);
+    if (packed44) {
+      pack(ta, 16 * n, 4, a44 + 8 * z, 0);
+      pack(tr, 16 * n, 4, r44 + 8 * z, 0);
+    } else {
+      std::memcpy(ca + 16 * z, ta, 16 * n);
+      std::memcpy(cr + 16 * z, tr, 16 * n);
+    }
+  }
+}
+
+// Normalise rows [r0, r0 + rows) of one head into tile (rows x D): (x - gmin) / scale, 0 where
+// scale == 0. If lo / hi: their per-strip min / max over the rows.
+template <typename Conv>
+inline void normalise_rows(const typename Conv::raw* xh, int64_t st, int64_t r0, int64_t rows,
+                           int64_t D, const float* gmin, const float* scale,
+                           const __mmask16* spos, float* tile, __m512* lo, __m512* hi) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < D / 16; ++j) {
+      const __m512 x = load16<Conv>(xh + (r0 + i) * st + 16 * j);
+      const __m512 xn = _mm512_maskz_div_ps(spos[j], _mm512_sub_ps(x, _mm512_loadu_ps(gmin + 16 * j)),
+                                            _mm512_loadu_ps(scale + 16 * j));
+      _mm512_storeu_ps(tile + i * D + 16 * j, xn);
+      if (lo) {
+        lo[j] = i ? _mm512_min_ps(lo[j], xn) : xn;
+        hi[j] = i ? _mm512_max_ps(hi[j], xn) : xn;
+      }
+    }
+}
+
+// max |x - mu| over values whose min and max are lo, hi: RN is monotone and symmetric, so the
+// largest |RN(x - mu)| is RN(hi - mu) or RN(mu - lo) (and at least one of them is >= +0).
+inline __m512 spread(__m512 lo, __m512 hi, __m512 mu) {
+  return _mm512_max_ps(_mm512_sub_ps(hi, mu), _mm512_sub_ps(mu, lo));
+}
+
+// Chunks of C tokens of each channel: rows [r0, r0 + rows) (one chunk) of one head.
+template <typename Conv>
+void compress_channel_block(const Params& p, const typename Conv::raw* xh, int64_t st,
+                            int64_t r0, int64_t rows, const float* gmin, const float* scale,
+                            const __mmask16* spos, uint16_t* mu16, uint16_t* sg16, float* tile,
+                            float* fold, Centres& c) {
+  const int64_t D = p.head_dim, ns = D / 16, cp = next_pow2(p.chunk);
+  const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m512 lo[16], hi[16], mu[16], am[16];
+  normalise_rows<Conv>(xh, st, r0, rows, D, gmin, scale, spos, tile, lo, hi);
+  c.resize(ns);
+  c.every = 1;
+  c.wrap = ns;
+  for (int64_t j = 0; j < ns; ++j) {
     if (p.midrange) {
-      mu = _mm512_div_ps(_mm512_add_ps(hi, lo), _mm512_set1_ps(2.0f));
+      mu[j] = _mm512_mul_ps(_mm512_add_ps(hi[j], lo[j]), _mm512_set1_ps(0.5f));  // == / 2
     } else {  // rows 2i and 2i+1 first, then adjacent pairs (zero rows up to next_pow2(C))
-      if (cp == 1) std::memcpy(fold, tile, 16 * sizeof(float));
+      const float* col = tile + 16 * j;
+      if (cp == 1) std::memcpy(fold, col, 16 * sizeof(float));
       for (int64_t i = 0; i < cp / 2; ++i) {
         __m512 f = _mm512_setzero_ps();
         if (2 * i + 1 < rows)
-          f = _mm512_add_ps(_mm512_loadu_ps(tile + 32 * i), _mm512_loadu_ps(tile + 32 * i + 16));
+          f = _mm512_add_ps(_mm512_loadu_ps(col + 2 * i * D), _mm512_loadu_ps(col + (2 * i + 1) * D));
         else if (2 * i < rows)
-          f = _mm512_loadu_ps(tile + 32 * i);
+          f = _mm512_loadu_ps(col + 2 * i * D);
         _mm512_storeu_ps(fold + 16 * i, f);
       }
       for (int64_t len = cp / 4; len >= 1; len /= 2)
         for (int64_t i = 0; i < len; ++i)
           _mm512_storeu_ps(fold + 16 * i, _mm512_add_ps(_mm512_loadu_ps(fold + 32 * i),
                                                         _mm512_loadu_ps(fold + 32 * i + 16)));
-      mu = _mm512_div_ps(_mm512_loadu_ps(fold), _mm512_set1_ps((float)rows));
+      mu[j] = _mm512_div_ps(_mm512_loadu_ps(fold), _mm512_set1_ps((float)rows));
     }
-    const __m256i mh = _mm512_cvtps_ph(mu, rc);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mu16 + j), mh);
-    mu = _mm512_cvtph_ps(mh);
-    __m512 am = _mm512_setzero_ps();
-    for (int64_t i = 0; i < rows; ++i)
-      am = _mm512_max_ps(am, abs16(_mm512_sub_ps(_mm512_loadu_ps(tile + 16 * i), mu)));
-    const __m256i sh = _mm512_cvtps_ph(am, rc);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sg16 + j), sh);
-    const __m512 sig = _mm512_cvtph_ps(sh);
-    const __mmask16 spos = _mm512_cmp_ps_mask(sig, _mm512_setzero_ps(), _CMP_GT_OQ);
-    for (int64_t i = 0; i < rows; ++i) {
-      const __m512 xc = _mm512_sub_ps(_mm512_loadu_ps(tile + 16 * i), mu);
-      coder(_mm512_maskz_div_ps(spos, xc, sig), ca + i * D + j, cr + i * D + j);
-    }
+    const __m256i mh = _mm512_cvtps_ph(mu[j], rc);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mu16 + 16 * j), mh);
+    mu[j] = _mm512_cvtph_ps(mh);
+    am[j] = spread(lo[j], hi[j], mu[j]);
+  }
+  for (int64_t j = 0; j < ns; ++j) {
+    const __m256i sh = _mm512_cvtps_ph(am[j], rc);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sg16 + 16 * j), sh);
+    c.set(j, mu[j], _mm512_cvtph_ps(sh));
   }
 }
 
-// Chunks of C head_dim values of each token (D % C == 0, C % 16 == 0): rows [r0, r0 + rows)
-// are normalised into tile (rows x D), then chunks are handled four at a time.
-template <typename Conv>
-void compress_token_block(const Params& p, const Coder512& coder, const typename Conv::raw* xh,
-                          int64_t st, int64_t r0, int64_t rows, const float* gmin,
-                          const float* scale, uint16_t* mu16, uint16_t* sg16, float* tile,
-                          int8_t* ca, int8_t* cr) {
-  const int64_t D = p.head_dim, C = p.chunk, zc = C / 16, nb = next_pow2(zc);
+// Chunks of C head_dim values of each token (D % C == 0, C % 16 == 0): rows [r0, r0 + rows) of
+// one head; chunks are reduced four at a time. ZC = C / 16 registers per chunk when it is known
+// at compile time (0: read from p).
+template <typename Conv, int ZC>
+void compress_token_block(const Params& p, const typename Conv::raw* xh, int64_t st, int64_t r0,
+                          int64_t rows, const float* gmin, const float* scale,
+                          const __mmask16* spos, uint16_t* mu16, uint16_t* sg16, float* tile,
+                          Centres& c) {
+  const int64_t D = p.head_dim, C = ZC ? 16 * ZC : p.chunk, zc = C / 16, nb = next_pow2(zc);
   const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < D; j += 16) {
-      const __m512 g = _mm512_loadu_ps(gmin + j), sc = _mm512_loadu_ps(scale + j);
-      const __mmask16 pos = _mm512_cmp_ps_mask(sc, _mm512_setzero_ps(), _CMP_GT_OQ);
-      const __m512 x = load16<Conv>(xh + (r0 + i) * st + j);
-      _mm512_storeu_ps(tile + i * D + j, _mm512_maskz_div_ps(pos, _mm512_sub_ps(x, g), sc));
-    }
+  normalise_rows<Conv>(xh, st, r0, rows, D, gmin, scale, spos, tile, nullptr, nullptr);
   const int64_t nch = rows * (D / C);
-  const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  for (int64_t k0 = 0; k0 < nch; k0 += 4) {
+  c.resize(nch + 4);
+  c.every = zc;
+  c.wrap = nch + 4;
+  for (int64_t k0 = 0; k0 < nch; k0 += 4) {  // groups are independent of each other
     const int64_t nq = std::min<int64_t>(4, nch - k0);
     const float* z[4];
     for (int q = 0; q < 4; ++q) z[q] = tile + (k0 + std::min<int64_t>(q, nq - 1)) * C;
+    __m512 lo[4], hi[4];
+    for (int q = 0; q < 4; ++q) {
+      lo[q] = hi[q] = _mm512_loadu_ps(z[q]);
+      for (int64_t b = 1; b < zc; ++b) {
+        const __m512 v = _mm512_loadu_ps(z[q] + 16 * b);
+        lo[q] = _mm512_min_ps(lo[q], v);
+        hi[q] = _mm512_max_ps(hi[q], v);
+      }
+    }
+    // block q of lo4 / hi4 / mu4 / sig4: chunk k0 + q
+    const __m512 lo4 = reduce4(lo[0], lo[1], lo[2], lo[3], vmin);
+    const __m512 hi4 = reduce4(hi[0], hi[1], hi[2], hi[3], vmax);
     __m512 mu4;
     if (p.midrange) {
-      __m512 lo[4], hi[4];
-      for (int q = 0; q < 4; ++q) {
-        lo[q] = hi[q] = _mm512_loadu_ps(z[q]);
-        for (int64_t b = 1; b < zc; ++b) {
-          const __m512 v = _mm512_loadu_ps(z[q] + 16 * b);
-          lo[q] = _mm512_min_ps(lo[q], v);
-          hi[q] = _mm512_max_ps(hi[q], v);
-        }
-      }
-      mu4 = _mm512_div_ps(_mm512_add_ps(reduce4(hi[0], hi[1], hi[2], hi[3], vmax),
-                                        reduce4(lo[0], lo[1], lo[2], lo[3], vmin)),
-                          _mm512_set1_ps(2.0f));
+      mu4 = _mm512_mul_ps(_mm512_add_ps(hi4, lo4), _mm512_set1_ps(0.5f));  // == / 2
     } else {
       mu4 = tree_chunk(z[0], zc, nb);
       mu4 = _mm512_mask_blend_ps(0x00f0, mu4, tree_chunk(z[1], zc, nb));
@@ -309,29 +425,37 @@ void compress_token_block(const Params& p, const Coder512& coder, const typename
       mu4 = _mm512_div_ps(mu4, _mm512_set1_ps((float)C));
     }
     const __mmask8 keep = (__mmask8)((1u << nq) - 1u);
-    _mm_mask_storeu_epi16(mu16 + k0, keep,
-                          _mm256_castsi256_si128(_mm512_cvtps_ph(_mm512_permutexvar_ps(pick, mu4), rc)));
-    mu4 = round_f16_16(mu4);
-    __m512 mu[4], am[4];
+    const __m256i mh = _mm512_cvtps_ph(mu4, rc);
+    _mm_mask_storeu_epi16(mu16 + k0, keep, _mm256_cvtepi64_epi16(mh));  // words 0, 4, 8, 12
+    mu4 = _mm512_cvtph_ps(mh);
+    const __m256i sh = _mm512_cvtps_ph(spread(lo4, hi4, mu4), rc);
+    _mm_mask_storeu_epi16(sg16 + k0, keep, _mm256_cvtepi64_epi16(sh));
+    const __m512 sig4 = _mm512_cvtph_ps(sh);
     for (int q = 0; q < 4; ++q) {
-      mu[q] = _mm512_permutexvar_ps(_mm512_set1_epi32(4 * q), mu4);  // block q
-      am[q] = abs16(_mm512_sub_ps(_mm512_loadu_ps(z[q]), mu[q]));
-      for (int64_t b = 1; b < zc; ++b)
-        am[q] = _mm512_max_ps(am[q], abs16(_mm512_sub_ps(_mm512_loadu_ps(z[q] + 16 * b), mu[q])));
+      const __m512i bq = _mm512_set1_epi32(4 * q);
+      c.set(k0 + q, _mm512_permutexvar_ps(bq, mu4), _mm512_permutexvar_ps(bq, sig4));
     }
-    const __m512 sg4 = reduce4(am[0], am[1], am[2], am[3], vmax);
-    _mm_mask_storeu_epi16(sg16 + k0, keep,
-                          _mm256_castsi256_si128(_mm512_cvtps_ph(_mm512_permutexvar_ps(pick, sg4), rc)));
-    const __m512 sig4 = round_f16_16(sg4);
-    for (int q = 0; q < nq; ++q) {
-      const __m512 sig = _mm512_permutexvar_ps(_mm512_set1_epi32(4 * q), sig4);
-      const __mmask16 spos = _mm512_cmp_ps_mask(sig, _mm512_setzero_ps(), _CMP_GT_OQ);
-      const int64_t at = (k0 + q) * C;
-      for (int64_t b = 0; b < zc; ++b) {
-        const __m512 xc = _mm512_sub_ps(_mm512_loadu_ps(z[q] + 16 * b), mu[q]);
-        coder(_mm512_maskz_div_ps(spos, xc, sig), ca + at + 16 * b, cr + at + 16 * b);
-      }
+  }
+}
+
+// Per-channel min / max over tp rows of NS * 16 channels (registers; rows in memory order).
+template <typename Conv, int NS>
+inline void page_minmax(const typename Conv::raw* x, int64_t st, int64_t tp, float* lo_out,
+                        float* hi_out) {
+  __m512 lo[NS], hi[NS];
+  for (int j = 0; j < NS; ++j) {
+    lo[j] = _mm512_set1_ps(INFINITY);
+    hi[j] = _mm512_set1_ps(-INFINITY);
+  }
+  for (int64_t t = 0; t < tp; ++t)
+    for (int j = 0; j < NS; ++j) {
+      const __m512 v = load16<Conv>(x + t * st + 16 * j);
+      lo[j] = _mm512_min_ps(v, lo[j]);  // (v < lo) ? v : lo: the first value kept on ties,
+      hi[j] = _mm512_max_ps(v, hi[j]);  // as std::min / std::max in the scalar code
     }
+  for (int j = 0; j < NS; ++j) {
+    _mm512_storeu_ps(lo_out + 16 * j, lo[j]);
+    _mm512_storeu_ps(hi_out + 16 * j, hi[j]);
   }
 }
 
@@ -341,9 +465,10 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
                           const int64_t* strides, int64_t body0, int64_t tp,
                           typename Conv::raw* gamma, uint16_t* stats, uint8_t* codes,
                           uint8_t* res, Scratch& s) {
-  const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk;
+  const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk, ns = D / 16;
   const Table& tb = p.t[which];
   const bool token_axis = tb.token_axis != 0;
+  const bool packed44 = p.anchor_bits == 4 && p.residual_bits == 4;
   const int64_t sh = strides[0], st = strides[1];
   const int64_t nct = (tp + C - 1) / C, ncd = D / C;
   const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
@@ -358,40 +483,53 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
   float* gmin = s.gmin.data();
   float* scale = s.gmax.data();
   const Coder512 coder(tb, p);
+  Centres centres;
+  __mmask16 spos[16];
   for (int64_t h = 0; h < H; ++h) {
     const typename Conv::raw* xh = x + h * sh + body0 * st;
-    // Pass 1: page min / max per channel (first value kept on ties, as std::min / std::max).
-    for (int64_t j = 0; j < D; j += 16) {
-      __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
-      for (int64_t t = 0; t < tp; ++t) {
-        const __m512 v = load16<Conv>(xh + t * st + j);
-        lo = _mm512_min_ps(v, lo);
-        hi = _mm512_max_ps(v, hi);
-      }
-      _mm512_storeu_ps(gmin + j, lo);
-      _mm512_storeu_ps(scale + j, hi);
+    // Pass 1: page min / max per channel, rows in memory order.
+    switch (ns) {
+      case 2: page_minmax<Conv, 2>(xh, st, tp, gmin, scale); break;
+      case 4: page_minmax<Conv, 4>(xh, st, tp, gmin, scale); break;
+      case 8: page_minmax<Conv, 8>(xh, st, tp, gmin, scale); break;
+      default:
+        for (int64_t j = 0; j < ns; ++j) page_minmax<Conv, 1>(xh + 16 * j, st, tp, gmin + 16 * j, scale + 16 * j);
     }
     for (int64_t d = 0; d < D; ++d) {
       gamma[h * D + d] = Conv::store(gmin[d]);  // exact: an input value
       gamma[H * D + h * D + d] = Conv::store(scale[d]);
       scale[d] = scale[d] - gmin[d];
     }
-    // Pass 2: per block of rows: statistics, codes, packing.
+    for (int64_t j = 0; j < ns; ++j)
+      spos[j] = _mm512_cmp_ps_mask(_mm512_loadu_ps(scale + 16 * j), _mm512_setzero_ps(), _CMP_GT_OQ);
+    // Pass 2: per block of rows: normalise into the tile, statistics, codes.
     for (int64_t r0 = 0; r0 < tp; r0 += block) {
       const int64_t rows = std::min(block, tp - r0);
       if (token_axis) {
         uint16_t* mu16 = stats + (h * tp + r0) * ncd;
-        compress_token_block<Conv>(p, coder, xh, st, r0, rows, gmin, scale, mu16,
-                                   mu16 + total_chunks, s.buf.data(), s.a.data(), s.r.data());
+        auto run = [&](auto zc) {
+          compress_token_block<Conv, decltype(zc)::value>(p, xh, st, r0, rows, gmin, scale, spos,
+                                                          mu16, mu16 + total_chunks,
+                                                          s.buf.data(), centres);
+        };
+        switch (C) {
+          case 16: run(std::integral_constant<int, 1>()); break;
+          case 32: run(std::integral_constant<int, 2>()); break;
+          case 64: run(std::integral_constant<int, 4>()); break;
+          default: run(std::integral_constant<int, 0>());
+        }
       } else {
         uint16_t* mu16 = stats + (h * nct + r0 / C) * D;
-        compress_channel_block<Conv>(p, coder, xh, st, r0, rows, gmin, scale, mu16,
-                                     mu16 + total_chunks, s.buf.data(), s.fold.data(),
-                                     s.a.data(), s.r.data());
+        compress_channel_block<Conv>(p, xh, st, r0, rows, gmin, scale, spos, mu16,
+                                     mu16 + total_chunks, s.buf.data(), s.fold.data(), centres);
       }
-      const int64_t n = rows * D, e0 = (h * tp + r0) * D;
-      pack(s.a.data(), n, (int)p.anchor_bits, codes, e0 * p.anchor_bits);
-      pack(s.r.data(), n, (int)p.residual_bits, res, e0 * p.residual_bits);
+      const int64_t n = rows * D, e0 = (h * tp + r0) * D;  // e0 * 4 bits: byte e0 / 2
+      code_block(coder, centres, s.buf.data(), n / 16, packed44, codes + e0 / 2, res + e0 / 2,
+                 s.a.data(), s.r.data());
+      if (!packed44) {
+        pack(s.a.data(), n, (int)p.anchor_bits, codes, e0 * p.anchor_bits);
+        pack(s.r.data(), n, (int)p.residual_bits, res, e0 * p.residual_bits);
+      }
     }
   }
 }
@@ -418,7 +556,7 @@ inline void decode_tables(const Params& p, const Table& tb, DecodeTables& out) {
 
 inline bool decompress_fast(const Params& p, const Table& tb) {
   const int64_t D = p.head_dim, C = p.chunk;
-  if (p.anchor_bits != 4 || p.residual_bits != 4 || D % 32) return false;
+  if (p.anchor_bits != 4 || p.residual_bits != 4 || D % 32 || D > 512) return false;
   return !tb.token_axis || (C % 32 == 0 && D % C == 0);
 }
 
@@ -495,6 +633,7 @@ void decompress_body_avx512(const Params& p, int which, int64_t h, const int64_t
   const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
   raw* out = reinterpret_cast<raw*>(dst.base[which]) + dst.offset[which] + h * dst.s_head[which];
   const int64_t sd = dst.s_dim[which];
+  const Where where(dst, which);
   constexpr int64_t kRows = 32;
   s.f.resize(5 * D);
   float *gmin = s.f.data(), *scale = gmin + D, *mu = scale + D, *sig = mu + D, *tmp = sig + D;
@@ -506,16 +645,19 @@ void decompress_body_avx512(const Params& p, int which, int64_t h, const int64_t
   for (int64_t g = 0; g < D; g += 32) deinterleave32(tmp + g, scale + g, scale + g + 16);
   const Levels512 lv(dt.full);
   int64_t at[kRows];
-  int64_t chunk_row = -1;
+  int64_t chunk_row = -1, chunk_end = 0;  // channel axis: the stats row of tokens < chunk_end
+  int64_t gchunk[16];                      // token axis: the chunk of 32-value group g
+  for (int64_t g = 0; g < D / 32 && g < 16; ++g) gchunk[g] = g * 32 / C;
   for (int64_t t0 = 0; t0 < tp; t0 += kRows) {
     const int64_t n = std::min(kRows, tp - t0);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = t0 + i;
-      at[i] = dst_offset(dst, which, body0 + t);
+      at[i] = where(body0 + t);
       if (at[i] < 0) continue;
       if (!token_axis) {
-        if (t / C != chunk_row) {
+        if (t >= chunk_end) {
           chunk_row = t / C;
+          chunk_end = (chunk_row + 1) * C;
           const uint16_t* m16 = stats + (h * nct + chunk_row) * D;
           for (int64_t g = 0; g < D; g += 16) {
             const __m256i* pm = reinterpret_cast<const __m256i*>(m16 + g);
@@ -530,8 +672,8 @@ void decompress_body_avx512(const Params& p, int which, int64_t h, const int64_t
       } else {  // one (mu, sigma) per 32-value group
         const uint16_t* m16 = stats + (h * tp + t) * ncd;
         for (int64_t g = 0; g < D / 32; ++g) {
-          mu[g] = f16_to_f32(m16[g * 32 / C]);
-          sig[g] = f16_to_f32(m16[g * 32 / C + total_chunks]);
+          mu[g] = f16_to_f32(m16[gchunk[g]]);
+          sig[g] = f16_to_f32(m16[gchunk[g] + total_chunks]);
         }
       }
       const int64_t e0 = (h * tp + t) * D;  // 4-bit codes: byte e0 / 2
