@@ -115,6 +115,34 @@ def check_paged(layout, stage, backend, device, h=2, t=300, d=32, dtype=torch.bf
         assert bool((flat[untouched] == -7.0).all()), "a slot outside slot_mapping was written"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", sorted(KV_CACHE_LAYOUTS))
+def test_decompress_paged_long_runs(layout, dtype):
+    """Runs of up to 48 tokens in consecutive slots (blocks of 48, whole and partial), the
+    AVX-512 path's transposed writes of token-contiguous K (vllm_cpu) included."""
+    cfg = config()
+    h, t, d, bs = 3, 700, 64, 48
+    k, v = random_kv(h, t, d, dtype, seed=4)
+    a, r = reference_streams(cfg, k, v)
+    nb = -(-t // bs) + 2
+    order = torch.randperm(nb, generator=torch.Generator().manual_seed(5))[:-(-t // bs)]
+    slots = (order.repeat_interleave(bs) * bs + torch.arange(bs).repeat(len(order)))[:t].clone()
+    slots[100:103] = -1  # a short run, a gap
+    lay = KV_CACHE_LAYOUTS[layout]
+    for stage, res in (("anchor", None), ("full", r)):
+        wk, wv = codec(cfg).decode(codec(cfg)._wrap((h, t, d), dtype, a, r), stage)
+        cache = lay.allocate(nb, bs, h, d, dtype, "cpu", fill=-7.0)
+        ops.decompress_paged(a, res, cfg, t, cache, slots, layout, backend="cpu")
+        rc = resolve(layout, cache)
+        keep = slots >= 0
+        for tgt, want in ((rc.k, wk), (rc.v, wv)):
+            flat = target_view(tgt, nb, bs, h, d).reshape(nb * bs, h, d)
+            assert torch.equal(flat[slots[keep]], want.transpose(0, 1)[keep]), stage
+            untouched = torch.ones(nb * bs, dtype=torch.bool)
+            untouched[slots[keep]] = False
+            assert bool((flat[untouched] == -7.0).all()), "a slot outside slot_mapping was written"
+
+
 @pytest.mark.parametrize("stage", ["anchor", "full"])
 def test_decompress_each_page_alone(stage, backend="cpu", device="cpu"):
     check_pages(stage, backend, device)

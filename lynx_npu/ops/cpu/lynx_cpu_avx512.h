@@ -614,6 +614,68 @@ inline void decode_row_44(const uint8_t* arow, const uint8_t* rrow, const Decode
   }
 }
 
+// 16 rows of 16 16-bit values (r[k]: row k) -> r[c]: column c (rows 0..15).
+inline void transpose16x16_epi16(__m256i* r) {
+  __m256i a[8], b[8], c[4], d[4], e[4], f[4], col[8][2];
+  for (int p = 0; p < 8; ++p) {  // per 128-bit lane: columns 0-3 / 4-7 of rows 2p, 2p + 1
+    a[p] = _mm256_unpacklo_epi16(r[2 * p], r[2 * p + 1]);
+    b[p] = _mm256_unpackhi_epi16(r[2 * p], r[2 * p + 1]);
+  }
+  for (int q = 0; q < 4; ++q) {  // columns (0, 1), (2, 3), (4, 5), (6, 7) of rows 4q .. 4q + 3
+    c[q] = _mm256_unpacklo_epi32(a[2 * q], a[2 * q + 1]);
+    d[q] = _mm256_unpackhi_epi32(a[2 * q], a[2 * q + 1]);
+    e[q] = _mm256_unpacklo_epi32(b[2 * q], b[2 * q + 1]);
+    f[q] = _mm256_unpackhi_epi32(b[2 * q], b[2 * q + 1]);
+  }
+  for (int g = 0; g < 2; ++g) {  // column k of rows 8g .. 8g + 7 (lane 1: column k + 8)
+    col[0][g] = _mm256_unpacklo_epi64(c[2 * g], c[2 * g + 1]);
+    col[1][g] = _mm256_unpackhi_epi64(c[2 * g], c[2 * g + 1]);
+    col[2][g] = _mm256_unpacklo_epi64(d[2 * g], d[2 * g + 1]);
+    col[3][g] = _mm256_unpackhi_epi64(d[2 * g], d[2 * g + 1]);
+    col[4][g] = _mm256_unpacklo_epi64(e[2 * g], e[2 * g + 1]);
+    col[5][g] = _mm256_unpackhi_epi64(e[2 * g], e[2 * g + 1]);
+    col[6][g] = _mm256_unpacklo_epi64(f[2 * g], f[2 * g + 1]);
+    col[7][g] = _mm256_unpackhi_epi64(f[2 * g], f[2 * g + 1]);
+  }
+  for (int k = 0; k < 8; ++k) {
+    r[k] = _mm256_permute2x128_si256(col[k][0], col[k][1], 0x20);
+    r[k + 8] = _mm256_permute2x128_si256(col[k][0], col[k][1], 0x31);
+  }
+}
+
+// put_rows for 16-bit values: runs of tokens in consecutive slots of a token-contiguous layout
+// (s_token == 1) are transposed 16 x 16 at a time. tile must hold 16 readable rows past n.
+template <typename raw>
+void put_rows16(const raw* tile, const int64_t* at, int64_t n, int64_t D, raw* out, int64_t so,
+                int64_t sd) {
+  static_assert(sizeof(raw) == 2, "16-bit values");
+  for (int64_t i = 0; i < n;) {
+    if (at[i] < 0) {
+      ++i;
+      continue;
+    }
+    int64_t len = 1;
+    if (so == 1)
+      while (i + len < n && at[i + len] == at[i] + len) ++len;
+    raw* o = out + at[i];
+    if (len < 4) {
+      put_rows<raw>(tile + i * D, at + i, len, D, out, so, sd);
+    } else {
+      for (int64_t j0 = 0; j0 < len; j0 += 16) {
+        const __mmask16 keep = (__mmask16)((1u << std::min<int64_t>(16, len - j0)) - 1u);
+        for (int64_t d0 = 0; d0 < D; d0 += 16) {
+          __m256i r[16];
+          for (int k = 0; k < 16; ++k)
+            r[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + (i + j0 + k) * D + d0));
+          transpose16x16_epi16(r);
+          for (int k = 0; k < 16; ++k) _mm256_mask_storeu_epi16(o + (d0 + k) * sd + j0, keep, r[k]);
+        }
+      }
+    }
+    i += len;
+  }
+}
+
 // The quantized tokens of one (page, K|V, head) item (decompress_item's body), 4 + 4 split.
 // Rows go straight to the destination when its head_dim is contiguous, else through a tile of
 // 32 rows written out by put_rows.
@@ -637,7 +699,7 @@ void decompress_body_avx512(const Params& p, int which, int64_t h, const int64_t
   constexpr int64_t kRows = 32;
   s.f.resize(5 * D);
   float *gmin = s.f.data(), *scale = gmin + D, *mu = scale + D, *sig = mu + D, *tmp = sig + D;
-  s.tile.resize(sd == 1 ? 0 : kRows * D * sizeof(raw));
+  s.tile.resize(sd == 1 ? 0 : (kRows + 16) * D * sizeof(raw));  // + put_rows16's padding
   raw* tile = reinterpret_cast<raw*>(s.tile.data());
   for (int64_t d = 0; d < D; ++d) tmp[d] = Conv::load(gamma[h * D + d]);
   for (int64_t g = 0; g < D; g += 32) deinterleave32(tmp + g, gmin + g, gmin + g + 16);
@@ -680,6 +742,10 @@ void decompress_body_avx512(const Params& p, int which, int64_t h, const int64_t
       decode_row_44<Conv>(codes + e0 / 2, res ? res + e0 / 2 : nullptr, dt, lv, sig, mu, scale,
                           gmin, token_axis, sd == 1 ? out + at[i] : tile + i * D, D);
     }
-    if (sd != 1) put_rows<raw>(tile, at, n, D, out, dst.s_token[which], sd);
+    if (sd == 1) continue;
+    if constexpr (sizeof(raw) == 2)
+      put_rows16<raw>(tile, at, n, D, out, dst.s_token[which], sd);
+    else
+      put_rows<raw>(tile, at, n, D, out, dst.s_token[which], sd);
   }
 }
