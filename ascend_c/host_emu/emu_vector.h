@@ -448,6 +448,18 @@ inline void WholeReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src,
                      "WholeReduceMax");
 }
 
+// One minimum per repeat; only ReduceOrder::ORDER_ONLY_VALUE (value without index) is emulated.
+template <typename T, bool isSetMask = true>
+inline void WholeReduceMin(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t mask,
+                           const int32_t repeatTimes, const int32_t dstRepStride, const int32_t srcBlkStride,
+                           const int32_t srcRepStride, ReduceOrder order = ReduceOrder::ORDER_VALUE_INDEX)
+{
+    if (order != ReduceOrder::ORDER_ONLY_VALUE) EmuFail("WholeReduceMin: only ORDER_ONLY_VALUE is emulated");
+    emu::WholeReduce(dst, src, mask, repeatTimes, dstRepStride, srcBlkStride, srcRepStride,
+                     std::numeric_limits<T>::infinity(), [](T a, T b) -> T { return a < b ? a : b; }, false,
+                     "WholeReduceMin");
+}
+
 }  // namespace AscendC
 
 #endif  // LYNX_EMU_VECTOR_H

@@ -1,6 +1,7 @@
 // Self-test of the host emulation of the Ascend C API (ascend_c/host_emu): the documented
 // semantics the Lynx kernels rely on, and the rules whose violation it must catch.
 // Built and run by test_emulation.py; prints one line per check, exits non-zero on a failure.
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <vector>
@@ -45,6 +46,29 @@ int main()
         x.SetValue(0, 1e8f); x.SetValue(1, 1.0f); x.SetValue(2, -1e8f); x.SetValue(3, 1.0f);
         WholeReduceSum(y, x, 4, 1, 1, 1, 8);
         Check(y.GetValue(0) == (1e8f + 1.0f) + (-1e8f + 1.0f), "WholeReduceSum adds adjacent pairs first");
+
+        // WholeReduceMax / Min (value only): one result per repeat of `mask` lanes, lanes past
+        // the mask ignored, dstRepStride in elements, srcRepStride in 32-byte blocks
+        for (int i = 0; i < 64; ++i) x.SetValue(i, (float)((i * 37) % 64) - 20.0f);
+        x.SetValue(20, -99.0f);                       // lane 4 of repeat 1 (16 lanes per repeat)
+        x.SetValue(5, 99.0f);                         // lane 5 of repeat 0
+        WholeReduceMax(y, x, 16, 4, 1, 1, 2, ReduceOrder::ORDER_ONLY_VALUE);
+        WholeReduceMin(z, x, 16, 4, 1, 1, 2, ReduceOrder::ORDER_ONLY_VALUE);
+        bool ok = true;
+        for (int r = 0; r < 4; ++r) {
+            float hi = -1e30f, lo = 1e30f;
+            for (int l = 0; l < 16; ++l) {
+                hi = std::max(hi, x.GetValue(r * 16 + l));
+                lo = std::min(lo, x.GetValue(r * 16 + l));
+            }
+            ok = ok && y.GetValue(r) == hi && z.GetValue(r) == lo;
+        }
+        Check(ok && y.GetValue(0) == 99.0f && z.GetValue(1) == -99.0f,
+              "WholeReduceMax / Min give each repeat's extreme over its mask");
+        WholeReduceMin(z, x, 8, 1, 1, 1, 8, ReduceOrder::ORDER_ONLY_VALUE);
+        float lo8 = 1e30f;
+        for (int l = 0; l < 8; ++l) lo8 = std::min(lo8, x.GetValue(l));
+        Check(z.GetValue(0) == lo8, "WholeReduceMin ignores the lanes past the mask");
 
         // GatherMask built-in patterns 1 / 2: even / odd lanes, packed back to back
         for (int i = 0; i < 128; ++i) x.SetValue(i, (float)i);
