@@ -36,6 +36,14 @@ inline LynxTilingArgs Args(int64_t h, int64_t t, int64_t d, int64_t pageSize, in
     return a;
 }
 
+// LynxConfig.center as the compress op's `center` argument: 0 = mean, 1 = midrange.
+inline uint32_t Center(int64_t center)
+{
+    TORCH_CHECK(center == LYNX_CENTER_MEAN || center == LYNX_CENTER_MIDRANGE, "lynx_ascend: center=", center,
+                " must be 0 (mean) or 1 (midrange)");
+    return (uint32_t)center;
+}
+
 inline LynxTiling Tiling(const LynxTilingArgs& a)
 {
     LynxTiling t;

@@ -4,7 +4,7 @@
  * Needs only PyTorch; the NPU implementations are in lynx_torch_ops.cpp (PrivateUse1).
  *
  *   compress(k, v, k_thresholds, v_thresholds, page_size, chunk_size, anchor_bits, k_axis,
- *            v_axis, num_sink_tokens) -> (anchor, residual)
+ *            v_axis, num_sink_tokens, center) -> (anchor, residual)
  *   decompress(anchor, residual?, k_levels, v_levels, num_heads, num_tokens, head_dim, bf16,
  *              page_size, chunk_size, anchor_bits, k_axis, v_axis, num_sink_tokens) -> (k, v)
  *   decompress_paged(anchor, residual?, k_levels, v_levels, k_cache!, v_cache!, slot_mapping,
@@ -13,7 +13,8 @@
  *
  * k, v: [H, T, D] float16 / bfloat16; anchor / residual: uint8 streams in wire format v1 (every
  * page's buffer back to back); tables: float32 [128] from lynx_npu/codec/lynx_tables.py padded
- * (thresholds with +inf, levels with 1); axes: 0 = channel, 1 = token; residual None = anchor
+ * (thresholds with +inf, levels with 1); axes: 0 = channel, 1 = token; center (LynxConfig.center):
+ * 0 = mean, 1 = midrange (decompress reads mu, sigma from the stream); residual None = anchor
  * stage; caches: vLLM-Ascend's [num_blocks, block_size, num_kv_heads, head_size], token t at
  * slot_mapping[t] (negative = skipped).
  */
@@ -27,12 +28,15 @@ namespace lynx_ascend {
 
 std::tuple<at::Tensor, at::Tensor> compress_meta(const at::Tensor& k, const at::Tensor& v, const at::Tensor& kThr,
                                                  const at::Tensor& vThr, int64_t pageSize, int64_t chunkSize,
-                                                 int64_t anchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink)
+                                                 int64_t anchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink,
+                                                 int64_t center)
 {
     TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes(), "lynx_ascend.compress: k, v must be [H, T, D] of one shape");
     IsBf16(k.scalar_type());
-    const LynxTiling t = Tiling(Args(k.size(0), k.size(1), k.size(2), pageSize, chunkSize, anchorBits, kAxis, vAxis,
-                                     numSink, LYNX_MODE_COMPRESS));
+    LynxTilingArgs a = Args(k.size(0), k.size(1), k.size(2), pageSize, chunkSize, anchorBits, kAxis, vAxis, numSink,
+                            LYNX_MODE_COMPRESS);
+    a.center = Center(center);
+    const LynxTiling t = Tiling(a);
     const auto opts = k.options().dtype(at::kByte);
     return {at::empty({(int64_t)t.anchorTotal}, opts), at::empty({(int64_t)t.residualTotal}, opts)};
 }
@@ -61,7 +65,7 @@ void decompress_paged_meta(const at::Tensor& anchor, const c10::optional<at::Ten
 TORCH_LIBRARY(lynx_ascend, m)
 {
     m.def("compress(Tensor k, Tensor v, Tensor k_thresholds, Tensor v_thresholds, int page_size, int chunk_size, "
-          "int anchor_bits, int k_axis, int v_axis, int num_sink_tokens) -> (Tensor, Tensor)");
+          "int anchor_bits, int k_axis, int v_axis, int num_sink_tokens, int center) -> (Tensor, Tensor)");
     m.def("decompress(Tensor anchor, Tensor? residual, Tensor k_levels, Tensor v_levels, int num_heads, "
           "int num_tokens, int head_dim, bool bf16, int page_size, int chunk_size, int anchor_bits, int k_axis, "
           "int v_axis, int num_sink_tokens) -> (Tensor, Tensor)");

@@ -97,6 +97,7 @@ std::string Check(const LynxTilingArgs& a)
             return s("axis", a.axis[kv]) + " unknown";
         }
     }
+    if (a.center > LYNX_CENTER_MIDRANGE) return s("center", a.center) + " unknown (0 = mean, 1 = midrange)";
     if (a.mode > LYNX_MODE_DECOMPRESS_PAGED) return s("mode", a.mode) + " unknown";
     if (a.mode == LYNX_MODE_DECOMPRESS_PAGED) {
         if (a.blockSize == 0) return s("block_size", a.blockSize) + " must be >= 1";
@@ -156,6 +157,7 @@ std::string LynxComputeTiling(const LynxTilingArgs& a, LynxTiling& t)
     t.tokenChunk = std::min(a.chunkSize, a.headDim);
     t.axis[0] = a.axis[0];
     t.axis[1] = a.axis[1];
+    t.center = a.center;
     t.residualBits = 8 - a.anchorBits;
     t.yMax = ((1u << (a.anchorBits - 1)) - 1) << t.residualBits;
     t.bias = (1u << (t.residualBits - 1)) - 1;

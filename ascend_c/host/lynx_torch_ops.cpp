@@ -66,7 +66,8 @@ void CheckStream(const at::Tensor& x, uint64_t bytes, const at::Device& device, 
 
 std::tuple<at::Tensor, at::Tensor> compress_npu(const at::Tensor& k, const at::Tensor& v, const at::Tensor& kThr,
                                                 const at::Tensor& vThr, int64_t pageSize, int64_t chunkSize,
-                                                int64_t anchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink)
+                                                int64_t anchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink,
+                                                int64_t center)
 {
     TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type(),
                 "lynx_ascend.compress: k, v must be [H, T, D] of one shape and dtype");
@@ -74,8 +75,10 @@ std::tuple<at::Tensor, at::Tensor> compress_npu(const at::Tensor& k, const at::T
     const bool bf16 = IsBf16(k.scalar_type());
     CheckTable(kThr, k.device(), "k_thresholds");
     CheckTable(vThr, k.device(), "v_thresholds");
-    const LynxTiling t = Tiling(Args(k.size(0), k.size(1), k.size(2), pageSize, chunkSize, anchorBits, kAxis, vAxis,
-                                     numSink, LYNX_MODE_COMPRESS));
+    LynxTilingArgs a = Args(k.size(0), k.size(1), k.size(2), pageSize, chunkSize, anchorBits, kAxis, vAxis, numSink,
+                            LYNX_MODE_COMPRESS);
+    a.center = Center(center);
+    const LynxTiling t = Tiling(a);
     at::Tensor kc = k.contiguous(), vc = v.contiguous();
     // zeros: the kernel writes the sections; the 32-byte alignment gaps between them stay 0
     at::Tensor anchor = at::zeros({(int64_t)t.anchorTotal}, k.options().dtype(at::kByte));

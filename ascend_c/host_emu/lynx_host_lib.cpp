@@ -46,7 +46,7 @@ uint32_t lynx_host_tiling_bytes() { return sizeof(LynxTiling); }
 
 int lynx_host_tiling(uint32_t numHeads, uint32_t numTokens, uint32_t headDim, uint32_t dtypeBytes,
                      uint32_t pageSize, uint32_t chunkSize, uint32_t anchorBits, uint32_t kAxis, uint32_t vAxis,
-                     uint32_t numSinkTokens, uint32_t mode, uint32_t useResidual, uint32_t blockSize,
+                     uint32_t numSinkTokens, uint32_t center, uint32_t mode, uint32_t useResidual, uint32_t blockSize,
                      uint32_t slotBytes, uint64_t numSlots, uint32_t ubBytes, void* tilingOut, char* err,
                      uint32_t errLen)
 {
@@ -61,6 +61,7 @@ int lynx_host_tiling(uint32_t numHeads, uint32_t numTokens, uint32_t headDim, ui
     a.axis[0] = kAxis;
     a.axis[1] = vAxis;
     a.numSinkTokens = numSinkTokens;
+    a.center = center;
     a.mode = mode;
     a.useResidual = useResidual;
     a.blockSize = blockSize;

@@ -5,14 +5,19 @@
  *
  *   gmin, gmax = min, max per channel over the page     (exact: they are input values)
  *   xn = (x - gmin) / scale   (scale = gmax - gmin, 1 where 0, so a constant channel gives 0)
- *   mu = f16(sum(xn over chunk) / count);  xc = xn - mu
+ *   mu = f16((max + min) / 2 over chunk)    (tiling center LYNX_CENTER_MIDRANGE, the default)
+ *      = f16(sum(xn over chunk) / count)   (LYNX_CENTER_MEAN, the paper's);  xc = xn - mu
  *   sigma = f16(max |xc| over chunk);      xf = xc / sigma  (sigma == 0 -> +inf -> 0)
+ *           (midrange: max(hi - mu, mu - lo), the same float32 value, see MidrangeStats)
  *   I = #{j : thresholds[j] <= |xf|}       (branch-free binary search: Gather + Compare + Select)
  *   m = (I + bias) >> r;  res = (m << r) - I;  anchor = xf < 0 ? -m - 1 : m
  *
- * The only value that can differ from the reference is the chunk sum (float addition order:
- * here a fixed pairwise tree, in PyTorch whatever its CPU reduction picks), and only when the
- * float32 mean lies within a rounding error of a float16 rounding boundary; see ascend_c/README.
+ * The midrange has no rounding-order freedom (max, min, one add, an exact halving), so its
+ * streams equal the reference's byte for byte. With the mean, the only value that can differ is
+ * a channel-axis chunk sum: the reference adds adjacent pairs (lynx_ref.tree_sum), as the
+ * token-axis WholeReduceSum does, while FoldRows folds the upper half of the rows onto the lower
+ * half, a different order; and only when the float32 mean lies within a rounding error of a
+ * float16 rounding boundary; see ascend_c/README.
  *
  * Pipeline per work item (page, K|V, head): pass 1 streams the page's row blocks through the
  * double-buffered input queue to get gamma; pass 2 streams them again:
@@ -209,21 +214,29 @@ private:
 
         AscendC::LocalTensor<half> stats = statsQueue_.AllocTensor<half>();  // [mu | sigma]
         const uint32_t ms = t_->maxStats;
+        const bool midrange = t_->center == LYNX_CENTER_MIDRANGE;
         uint32_t nstat;
         if (t_->axis[kv] == LYNX_AXIS_CHANNEL) {
             const uint32_t nch = CeilDiv(rows, c);
             nstat = nch * d;
             AscendC::DataCopy(w, x, np);
-            ChannelChunks(Op::ADD, w, sum, rows);
-            AscendC::Duplicate(cnt, (float)c, nstat);
-            if (rows % c) AscendC::Duplicate(cnt[(nch - 1) * d], (float)(rows % c), d);
-            AscendC::Div(sum, sum, cnt, nstat);
-            AscendC::Cast(stats, sum, AscendC::RoundMode::CAST_RINT, nstat);
-            AscendC::Cast(mu, stats, AscendC::RoundMode::CAST_NONE, nstat);
+            if (midrange) {  // sum <- chunk max, cnt <- chunk min (each chunk's rows folded)
+                ChannelChunks(Op::MAX, w, sum, rows);
+                AscendC::DataCopy(w, x, np);
+                ChannelChunks(Op::MIN, w, cnt, rows);
+                MidrangeStats(stats, mu, sum, cnt, nstat);
+            } else {
+                ChannelChunks(Op::ADD, w, sum, rows);
+                AscendC::Duplicate(cnt, (float)c, nstat);
+                if (rows % c) AscendC::Duplicate(cnt[(nch - 1) * d], (float)(rows % c), d);
+                MeanStats(stats, mu, sum, cnt, nstat);
+            }
             for (uint32_t k = 0; k < nch; ++k)
                 RowBroadcast(Op::SUB, x[k * c * d], x[k * c * d], mu[k * d], Min(c, rows - k * c), d);
-            AscendC::Abs(w, x, n);
-            ChannelChunks(Op::MAX, w, sum, rows);
+            if (!midrange) {  // sum <- max |xc| over each chunk
+                AscendC::Abs(w, x, n);
+                ChannelChunks(Op::MAX, w, sum, rows);
+            }
             AscendC::Cast(stats[ms], sum, AscendC::RoundMode::CAST_RINT, nstat);
             AscendC::Cast(sig, stats[ms], AscendC::RoundMode::CAST_NONE, nstat);
             PositiveOrInf(sig, sigMaskBuf_.Get<uint8_t>(), LynxRoundUp(nstat, REPEAT_FLOATS));
@@ -234,18 +247,29 @@ private:
             nstat = rows * (d / tc);
             AscendC::LocalTensor<float> spread = spreadBuf_.Get<float>();
             const int32_t cBlocks = (int32_t)(tc / BLOCK_FLOATS);
-            for (uint32_t r0 = 0; r0 < nstat; r0 += REDUCE_STEP)
-                AscendC::WholeReduceSum(sum[r0], x[r0 * tc], (int32_t)tc, (int32_t)Min(REDUCE_STEP, nstat - r0), 1, 1,
-                                        cBlocks);
-            AscendC::Duplicate(cnt, (float)tc, nstat);
-            AscendC::Div(sum, sum, cnt, nstat);
-            AscendC::Cast(stats, sum, AscendC::RoundMode::CAST_RINT, nstat);
-            AscendC::Cast(mu, stats, AscendC::RoundMode::CAST_NONE, nstat);
+            if (midrange) {  // sum <- chunk max, cnt <- chunk min (one repeat per chunk)
+                for (uint32_t r0 = 0; r0 < nstat; r0 += REDUCE_STEP) {
+                    const int32_t rep = (int32_t)Min(REDUCE_STEP, nstat - r0);
+                    AscendC::WholeReduceMax(sum[r0], x[r0 * tc], (int32_t)tc, rep, 1, 1, cBlocks,
+                                            AscendC::ReduceOrder::ORDER_ONLY_VALUE);
+                    AscendC::WholeReduceMin(cnt[r0], x[r0 * tc], (int32_t)tc, rep, 1, 1, cBlocks,
+                                            AscendC::ReduceOrder::ORDER_ONLY_VALUE);
+                }
+                MidrangeStats(stats, mu, sum, cnt, nstat);
+            } else {
+                for (uint32_t r0 = 0; r0 < nstat; r0 += REDUCE_STEP)
+                    AscendC::WholeReduceSum(sum[r0], x[r0 * tc], (int32_t)tc, (int32_t)Min(REDUCE_STEP, nstat - r0),
+                                            1, 1, cBlocks);
+                AscendC::Duplicate(cnt, (float)tc, nstat);
+                MeanStats(stats, mu, sum, cnt, nstat);
+            }
             ChunkBroadcast(Op::SUB, x, x, mu, spread, nstat, tc);
-            AscendC::Abs(w, x, n);
-            for (uint32_t r0 = 0; r0 < nstat; r0 += REDUCE_STEP)
-                AscendC::WholeReduceMax(sum[r0], w[r0 * tc], (int32_t)tc, (int32_t)Min(REDUCE_STEP, nstat - r0), 1, 1,
-                                        cBlocks, AscendC::ReduceOrder::ORDER_ONLY_VALUE);
+            if (!midrange) {  // sum <- max |xc| over each chunk
+                AscendC::Abs(w, x, n);
+                for (uint32_t r0 = 0; r0 < nstat; r0 += REDUCE_STEP)
+                    AscendC::WholeReduceMax(sum[r0], w[r0 * tc], (int32_t)tc, (int32_t)Min(REDUCE_STEP, nstat - r0),
+                                            1, 1, cBlocks, AscendC::ReduceOrder::ORDER_ONLY_VALUE);
+            }
             AscendC::Cast(stats[ms], sum, AscendC::RoundMode::CAST_RINT, nstat);
             AscendC::Cast(sig, stats[ms], AscendC::RoundMode::CAST_NONE, nstat);
             PositiveOrInf(sig, sigMaskBuf_.Get<uint8_t>(), LynxRoundUp(nstat, REPEAT_FLOATS));
@@ -261,6 +285,34 @@ private:
         codeQueue_.EnQue(codes);
         resQueue_.EnQue(res);
         return nstat;
+    }
+
+    // Mean centre: mu = f16(sum / count) -> stats[0, nstat) (float16) and mu (float32).
+    __aicore__ inline void MeanStats(const AscendC::LocalTensor<half>& stats, const AscendC::LocalTensor<float>& mu,
+                                     const AscendC::LocalTensor<float>& sum, const AscendC::LocalTensor<float>& cnt,
+                                     uint32_t nstat)
+    {
+        AscendC::Div(sum, sum, cnt, nstat);
+        AscendC::Cast(stats, sum, AscendC::RoundMode::CAST_RINT, nstat);
+        AscendC::Cast(mu, stats, AscendC::RoundMode::CAST_NONE, nstat);
+    }
+
+    // Midrange centre: mu = f16((hi + lo) / 2) -> stats[0, nstat) and mu (float32); then
+    // hi <- max(hi - mu, mu - lo), which is max |xn - mu| over the chunk before the float16
+    // rounding of sigma: float32 subtraction rounds monotonically, so the chunk's largest and
+    // smallest values give the largest |RN(x - mu)| (the CPU kernel's identity), and no pass
+    // over the block's values is needed.
+    __aicore__ inline void MidrangeStats(const AscendC::LocalTensor<half>& stats, const AscendC::LocalTensor<float>& mu,
+                                         const AscendC::LocalTensor<float>& hi, const AscendC::LocalTensor<float>& lo,
+                                         uint32_t nstat)
+    {
+        AscendC::Add(mu, hi, lo, nstat);
+        AscendC::Muls(mu, mu, 0.5f, nstat);  // * 0.5 == / 2 exactly (IEEE, both correctly rounded)
+        AscendC::Cast(stats, mu, AscendC::RoundMode::CAST_RINT, nstat);
+        AscendC::Cast(mu, stats, AscendC::RoundMode::CAST_NONE, nstat);
+        AscendC::Sub(hi, hi, mu, nstat);
+        AscendC::Sub(lo, mu, lo, nstat);
+        AscendC::Max(hi, hi, lo, nstat);
     }
 
     // Channel-axis chunks (C rows of one column): folds each chunk of w with op and gathers the
@@ -379,7 +431,8 @@ private:
     AscendC::TQue<AscendC::TPosition::VECOUT, BUFFER_NUM> statsQueue_; // mu | sigma, float16
     AscendC::TQue<AscendC::TPosition::VECOUT, 1> gammaQueue_;          // page min | max, dtype
     AscendC::TBuf<AscendC::TPosition::VECCALC> xBuf_, workBuf_;        // [blockElems] float32
-    AscendC::TBuf<AscendC::TPosition::VECCALC> sumBuf_, cntBuf_, muBuf_, sigBuf_;  // [maxStats]
+    // [maxStats]: chunk sums and counts (mean) or maxima and minima (midrange), mu, sigma
+    AscendC::TBuf<AscendC::TPosition::VECCALC> sumBuf_, cntBuf_, muBuf_, sigBuf_;
     AscendC::TBuf<AscendC::TPosition::VECCALC> spreadBuf_;             // [maxStats * 8] Brcb blocks
     AscendC::TBuf<AscendC::TPosition::VECCALC> gminBuf_, gmaxBuf_, scaleBuf_;      // [dimPad]
     AscendC::TBuf<AscendC::TPosition::VECCALC> rowMaskBuf_;            // [dimPad] bits

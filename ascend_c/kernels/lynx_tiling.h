@@ -49,6 +49,11 @@ enum LynxAxis : uint32_t {
     LYNX_AXIS_TOKEN = 1,    // a chunk is C head_dim values of one token: stats [H, Tp, D/C]
 };
 
+enum LynxCenter : uint32_t {
+    LYNX_CENTER_MEAN = 0,      // mu = f16(pairwise-tree sum / count): the paper's
+    LYNX_CENTER_MIDRANGE = 1,  // mu = f16((max + min) / 2): LynxConfig's default
+};
+
 enum LynxPageKindId : uint32_t {
     LYNX_KIND_FIRST = 0,  // page 0: sinks + the first body tokens
     LYNX_KIND_MID = 1,    // full pages of pageSize tokens
@@ -82,6 +87,8 @@ struct LynxTiling {
     uint32_t numSink;        // sink tokens of the layer (min(num_sink_tokens, T))
     uint32_t numPages;
     uint32_t axis[2];        // LynxAxis of K, V
+    uint32_t center;         // LynxCenter of the chunk centre mu (compress only)
+    uint32_t reserved;       // 0: keeps numSlots 8-byte aligned without implicit padding
     uint32_t yMax;           // largest magnitude code (112 for 4+4)
     uint32_t bias;           // round-half-down bias of the split (7 for 4+4)
     uint32_t residualBits;   // 4

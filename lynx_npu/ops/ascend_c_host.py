@@ -34,6 +34,7 @@ TABLE_SIZE = 128          # LYNX_TABLE_SIZE in ascend_c/kernels/lynx_tiling.h
 DEFAULT_BLOCK_DIM = 8     # emulated AI Vector cores (an Atlas 800I A2 910B has 40 / 48)
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 _AXES = {"channel": 0, "token": 1}
+_CENTERS = {"mean": 0, "midrange": 1}   # LynxCenter in ascend_c/kernels/lynx_tiling.h
 _MODE_COMPRESS, _MODE_DECOMPRESS, _MODE_PAGED = 0, 1, 2
 _FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
           "-DLYNX_HOST_EMU=1"]
@@ -150,7 +151,7 @@ def _load(path: pathlib.Path) -> ctypes.CDLL:
     u32, u64, vp, cp = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p
     lib.lynx_host_buffer_num.restype = u32
     lib.lynx_host_tiling_bytes.restype = u32
-    lib.lynx_host_tiling.argtypes = [u32] * 14 + [u64, u32, vp, cp, u32]
+    lib.lynx_host_tiling.argtypes = [u32] * 15 + [u64, u32, vp, cp, u32]
     lib.lynx_host_tiling_summary.argtypes = [vp] + [ctypes.POINTER(u64)] * 2 + [ctypes.POINTER(u32)] * 4
     lib.lynx_host_page_kind.argtypes = [vp, u32, ctypes.POINTER(u32), ctypes.POINTER(u32),
                                         ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(u64)]
@@ -202,8 +203,8 @@ def make_tiling(cfg: LynxConfig, num_heads: int, num_tokens: int, head_dim: int,
     raw = (ctypes.c_uint8 * lib.lynx_host_tiling_bytes())()
     err = ctypes.create_string_buffer(512)
     rc = lib.lynx_host_tiling(num_heads, num_tokens, head_dim, 2, cfg.page_size, cfg.chunk_size,
-                              cfg.anchor_bits, _AXES[cfg.k_axis], _AXES[cfg.v_axis], cfg.num_sink_tokens, mode,
-                              int(use_residual), block_size, slot_bytes, num_slots, 0, raw, err, len(err))
+                              cfg.anchor_bits, _AXES[cfg.k_axis], _AXES[cfg.v_axis], cfg.num_sink_tokens,
+                              _CENTERS[cfg.center], mode, int(use_residual), block_size, slot_bytes, num_slots, 0, raw, err, len(err))
     if rc:
         raise ValueError(f"Ascend C kernels cannot run this request: {err.value.decode()}")
     a, r = ctypes.c_uint64(), ctypes.c_uint64()
@@ -419,8 +420,13 @@ class _NpuKernels:
 
     @staticmethod
     def _args(cfg: LynxConfig) -> tuple[int, ...]:
+        """The codec arguments every op takes (compress also takes the centre: _compress_args)."""
         return (cfg.page_size, cfg.chunk_size, cfg.anchor_bits, _AXES[cfg.k_axis], _AXES[cfg.v_axis],
                 cfg.num_sink_tokens)
+
+    @classmethod
+    def _compress_args(cls, cfg: LynxConfig) -> tuple[int, ...]:
+        return (*cls._args(cfg), _CENTERS[cfg.center])
 
     def _table_pair(self, cfg: LynxConfig, kind: str, device) -> list[torch.Tensor]:
         key = (cfg.alpha_k, cfg.alpha_v, cfg.anchor_bits, kind, str(device))
@@ -434,14 +440,14 @@ class _NpuKernels:
         x = torch.empty(num_kv_heads, num_tokens, head_dim, dtype=dtype, device="meta")
         t = torch.empty(TABLE_SIZE, device="meta")
         try:  # the Meta implementation runs the same host tiling as the NPU one
-            self.ops.compress(x, x, t, t, *self._args(cfg))
+            self.ops.compress(x, x, t, t, *self._compress_args(cfg))
         except RuntimeError as e:
             return str(e)
         return None
 
     def compress(self, k, v, config):
         thr = self._table_pair(config, "thresholds", k.device)
-        return self.ops.compress(k, v, *thr, *self._args(config))
+        return self.ops.compress(k, v, *thr, *self._compress_args(config))
 
     def decompress(self, anchor, residual, shape, dtype, config, *, stage="full"):
         lv = self._table_pair(config, "levels", anchor.device)

@@ -1,9 +1,10 @@
-"""Compress kernel (host build) vs the reference codec: same wire bytes.
+"""Compress kernel (host build) vs the reference codec: same wire bytes, for both chunk centres.
 
-Exact-arithmetic inputs must give identical streams. Realistic inputs may differ only where a
-chunk's float16 mean lands one ulp apart (float32 chunk sums in a different addition order);
-those chunks are rare (documented bound below), and their codes still decode within one
-quantization step of the reference.
+Exact-arithmetic inputs must give identical streams with either centre. With the midrange (the
+default: max, min, one add and an exact halving, no addition order) realistic inputs must too.
+With the mean, realistic inputs may differ only where a chunk's float16 mean lands one ulp apart
+(float32 chunk sums in a different addition order); those chunks are rare (documented bound
+below), and their codes still decode within one quantization step of the reference.
 """
 import pytest
 import torch
@@ -14,8 +15,10 @@ from lynx_npu.codec.lynx import EncodedLynx, LynxCodec
 from .parity import exact_kv, page_views, random_kv, ulp_distance
 
 DTYPES = [torch.bfloat16, torch.float16]
+CENTERS = ["midrange", "mean"]  # LynxConfig.center; "midrange" is the default config's
 # (preset, overrides): default (K per channel, V per token, 4 sinks), the paper's literal axes,
-# small pages / chunks (many pages, ragged chunk tails), head_dim smaller than the chunk.
+# small pages / chunks (many pages, ragged chunk tails), head_dim smaller than the chunk. Each
+# runs with both centres (the `center` parameter overrides the preset's).
 CONFIGS = [
     ("default", {}),
     ("paper", {}),
@@ -31,11 +34,12 @@ def _ids(val):
     return str(val).replace("torch.", "").replace(" ", "")
 
 
+@pytest.mark.parametrize("center", CENTERS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 @pytest.mark.parametrize("preset,overrides", CONFIGS, ids=_ids)
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)
-def test_exact_inputs_give_identical_bytes(host_build, dtype, preset, overrides, shape):
-    codec = LynxCodec(preset, **{"center": "mean", **overrides})
+def test_exact_inputs_give_identical_bytes(host_build, center, dtype, preset, overrides, shape):
+    codec = LynxCodec(preset, **{**overrides, "center": center})
     k, v = exact_kv(codec.config, *shape, dtype)
     ref = codec.encode(k, v)
     anchor, residual = host_build.compress(k, v, codec.config)
@@ -44,8 +48,21 @@ def test_exact_inputs_give_identical_bytes(host_build, dtype, preset, overrides,
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("preset,overrides", [("default", {}), ("paper", {"center": "midrange"})], ids=_ids)
+@pytest.mark.parametrize("shape", [(4, 1100, 64), (3, 301, 128)], ids=_ids)
+def test_midrange_random_inputs_give_identical_bytes(host_build, dtype, preset, overrides, shape):
+    codec = LynxCodec(preset, **overrides)
+    assert codec.config.center == "midrange"
+    k, v = random_kv(*shape, dtype, seed=1)
+    ref = codec.encode(k, v)
+    anchor, residual = host_build.compress(k, v, codec.config)
+    assert torch.equal(anchor, ref.anchor)
+    assert torch.equal(residual, ref.residual)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 @pytest.mark.parametrize("preset", ["default", "paper"])
-def test_random_inputs_differ_only_by_mean_rounding(host_build, dtype, preset):
+def test_mean_random_inputs_differ_only_by_mean_rounding(host_build, dtype, preset):
     codec = LynxCodec(preset, center="mean")
     cfg = codec.config
     shape = (4, 1100, 64)

@@ -15,9 +15,9 @@ from .parity import random_kv
 SHAPE = (2, 600, 128)  # with 256-token pages: several row blocks per page
 
 
-@pytest.fixture(scope="module")
-def layer():
-    codec = LynxCodec(center="mean")
+@pytest.fixture(scope="module", params=["midrange", "mean"])
+def layer(request):
+    codec = LynxCodec(center=request.param)
     k, v = random_kv(*SHAPE, torch.bfloat16, seed=4)
     return codec.config, k, v
 

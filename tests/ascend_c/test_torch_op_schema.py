@@ -14,15 +14,20 @@ def _codec_args(cfg):
             cfg.num_sink_tokens)
 
 
+def _compress_args(cfg):
+    return (*_codec_args(cfg), {"mean": 0, "midrange": 1}[cfg.center])
+
+
+@pytest.mark.parametrize("center", ["midrange", "mean"])
 @pytest.mark.parametrize("shape", [(2, 300, 64), (4, 3, 128), (1, 1000, 16)])
-def test_meta_shapes_match_the_reference_streams(host_build, shape):
+def test_meta_shapes_match_the_reference_streams(host_build, shape, center):
     host_build.load_op_schema()
-    codec = LynxCodec(center="mean")
+    codec = LynxCodec(center=center)
     k, v = random_kv(*shape, torch.bfloat16)
     enc = codec.encode(k, v)
     meta = dict(device="meta")
     thr = torch.empty(128, **meta)
-    a, r = torch.ops.lynx_ascend.compress(k.to(**meta), v.to(**meta), thr, thr, *_codec_args(codec.config))
+    a, r = torch.ops.lynx_ascend.compress(k.to(**meta), v.to(**meta), thr, thr, *_compress_args(codec.config))
     assert (a.dtype, a.shape, r.shape) == (torch.uint8, enc.anchor.shape, enc.residual.shape)
     ko, vo = torch.ops.lynx_ascend.decompress(a, r, thr, thr, *shape, True, *_codec_args(codec.config))
     assert ko.shape == vo.shape == shape and ko.dtype == torch.bfloat16
@@ -34,11 +39,14 @@ def test_meta_shapes_match_the_reference_streams(host_build, shape):
 
 def test_schema_rejects_unsupported_requests_and_has_no_cpu_kernel(host_build):
     host_build.load_op_schema()
-    args = _codec_args(LynxCodec(center="mean").config)
+    args = _compress_args(LynxCodec().config)
     x = torch.empty(2, 10, 24, dtype=torch.float16, device="meta")
     thr = torch.empty(128, device="meta")
     with pytest.raises(RuntimeError, match="head_dim=24"):
         torch.ops.lynx_ascend.compress(x, x, thr, thr, *args)
+    y = torch.empty(2, 10, 32, dtype=torch.float16, device="meta")
+    with pytest.raises(RuntimeError, match="center=2"):
+        torch.ops.lynx_ascend.compress(y, y, thr, thr, *args[:-1], 2)
     k, v = random_kv(2, 10, 32, torch.float16)
     with pytest.raises(NotImplementedError):
         torch.ops.lynx_ascend.compress(k, v, torch.zeros(128), torch.zeros(128), *args)
