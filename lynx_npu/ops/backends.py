@@ -110,7 +110,7 @@ def _requested(backend: str | Backend | None) -> str:
 # Chunk centres each compiled backend implements (the torch reference runs every one; a
 # backend not listed implements only the mean). Other inputs run on the reference.
 KERNEL_CENTERS = {"cpu": ("mean", "midrange"), "triton": ("mean", "midrange"),
-                  "ascend_c": ("mean",)}
+                  "ascend_c": ("mean", "midrange")}
 
 
 def _supports(name: str, impl, cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:

@@ -2,26 +2,28 @@
 
 On an NPU the same adapter drives torch.ops.lynx_ascend (ascend_c_host.npu_backend); here it
 drives the g++ build, and is checked against the ``torch`` (reference) backend for layer plans,
-page plans (a page buffer on its own), dense outputs and paged caches, both stages.
+page plans (a page buffer on its own), dense outputs and paged caches, both stages, both chunk
+centres; and on an ``npu`` device the default configuration dispatches to it.
 """
 import pytest
 import torch
 
 from lynx_npu.codec.lynx_config import LynxConfig
-from lynx_npu.ops import dest, torch_backend
+from lynx_npu.ops import backends, dest, torch_backend
 from lynx_npu.ops.kv_layouts import get_layout, resolve
 from lynx_npu.ops.plan import layer_plan, page_plan
 
 from .parity import exact_kv
 
-CFG = LynxConfig(center="mean", page_size=64, chunk_size=16, num_sink_tokens=3)
+CFG = LynxConfig(page_size=64, chunk_size=16, num_sink_tokens=3)
 H, T, D = 2, 150, 32
 
 
-@pytest.fixture(scope="module")
-def streams(host_build):
-    k, v = exact_kv(CFG, H, T, D, torch.bfloat16)
-    plan = layer_plan(CFG, H, T, D, torch.bfloat16)
+@pytest.fixture(scope="module", params=["midrange", "mean"])
+def streams(host_build, request):
+    cfg = CFG.replace(center=request.param)
+    k, v = exact_kv(cfg, H, T, D, torch.bfloat16)
+    plan = layer_plan(cfg, H, T, D, torch.bfloat16)
     anchor, residual = host_build.host_backend().compress(k, v, plan)
     want = torch_backend.compress(k, v, plan)
     assert torch.equal(anchor, want[0]) and torch.equal(residual, want[1])
@@ -49,7 +51,7 @@ def test_one_page_buffer_on_its_own(host_build, streams, page_index):
     page = plan.pages[page_index]
     a = anchor[page.anchor_offset:page.anchor_offset + page.layout.anchor_nbytes]
     r = residual[page.residual_offset:page.residual_offset + page.layout.residual_nbytes]
-    pplan = page_plan(CFG, H, D, torch.bfloat16, page.span.token_start, page.span.token_end)
+    pplan = page_plan(plan.config, H, D, torch.bfloat16, page.span.token_start, page.span.token_end)
     got, want = _dense(pplan), _dense(pplan)
     host_build.host_backend().decompress(a, r, pplan, dest.dense(*got))
     torch_backend.decompress(a, r, pplan, dest.dense(*want))
@@ -75,3 +77,13 @@ def test_supports_names_what_it_cannot_run(host_build):
     assert backend.supports(LynxConfig(center="mean"), 8, 128, torch.bfloat16) is None
     assert "head_dim=24" in backend.supports(LynxConfig(center="mean"), 8, 24, torch.bfloat16)
     assert "float16 or bfloat16" in backend.supports(LynxConfig(center="mean"), 8, 128, torch.float32)
+
+
+@pytest.mark.parametrize("center", ["midrange", "mean"])
+def test_npu_tensors_dispatch_to_ascend_c_for_both_centres(host_build, monkeypatch, center):
+    """The default config (midrange) no longer falls back to the torch reference on an NPU."""
+    monkeypatch.delenv("LYNX_BACKEND", raising=False)
+    monkeypatch.setitem(backends._REGISTRY, "ascend_c",  # the host build stands in for the NPU one
+                        backends._Entry("ascend_c", ("npu",), host_build.host_backend))
+    name, _ = backends.select("npu", None, LynxConfig(center=center), 8, 128, torch.bfloat16)
+    assert name == "ascend_c"
