@@ -11,6 +11,7 @@ already loaded, so both share one thread pool; the kernel uses ``torch.get_num_t
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import pathlib
@@ -145,19 +146,28 @@ def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:
 
 
 def _params(cfg, plan: LayerPlan, keep: list) -> _Params:
+    p, tabs = _cached_params(cfg, plan.num_kv_heads, plan.head_dim, plan.dtype,
+                             torch.get_num_threads())
+    keep.append(tabs)
+    return p
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_params(cfg, num_kv_heads: int, head_dim: int, dtype, num_threads: int):
+    """(the kernel's Params, the tables it points into): built once per shape and config (the
+    tables live in the device_tables cache, which never evicts)."""
     tabs = device_tables(cfg, torch.device("cpu"))
     if "bucket32" not in tabs:  # the vectorized lookup gathers 32-bit entries
         tabs["bucket32"] = tabs["bucket"].to(torch.int32)
-    keep.append(tabs)
-    p = _Params(plan.num_kv_heads, plan.head_dim, cfg.chunk_size, cfg.anchor_bits,
-                cfg.residual_bits, cfg.bias, cfg.y_max, _DTYPE_CODE[plan.dtype],
-                torch.get_num_threads(), int(cfg.center == "midrange"))
+    p = _Params(num_kv_heads, head_dim, cfg.chunk_size, cfg.anchor_bits, cfg.residual_bits,
+                cfg.bias, cfg.y_max, _DTYPE_CODE[dtype], num_threads,
+                int(cfg.center == "midrange"))
     for i, which in enumerate("kv"):
         t = tabs[which]
         p.t[i] = _Table(tabs["thresholds"][i].data_ptr(), tabs["levels"][i].data_ptr(),
                         tabs["bucket32"][i].data_ptr(), t.shift, t.key_lo, t.num_probes,
                         int(cfg.axis(which) == "token"))
-    return p
+    return p, tabs
 
 
 def _check_cpu(*tensors) -> None:

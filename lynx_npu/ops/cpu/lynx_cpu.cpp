@@ -460,7 +460,8 @@ void chunk_rows(const Params& p, bool token_axis, float* buf, int64_t r0, int64_
 
 template <typename Conv>
 void compress_item(const Params& p, int which, const int64_t* row, const typename Conv::raw* x,
-                   const int64_t* strides, uint8_t* anchor, uint8_t* residual, Scratch& s) {
+                   const int64_t* strides, uint8_t* anchor, uint8_t* residual, Scratch& s,
+                   const int64_t* next_row) {
   using raw = typename Conv::raw;
   const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk;
   const Table& tb = p.t[which];
@@ -486,7 +487,8 @@ void compress_item(const Params& p, int which, const int64_t* row, const typenam
   uint8_t* res = residual + row[F_RES + which];
 #if defined(LYNX_AVX512)
   if (compress_fast(p, tb, sd)) {
-    compress_body_avx512<Conv>(p, which, x, strides, body0, tp, gamma, stats, codes, res, s);
+    compress_body_avx512<Conv>(p, which, x, strides, body0, tp, gamma, stats, codes, res, s,
+                               next_row);
     return;
   }
 #endif
@@ -712,8 +714,12 @@ void compress_all(const Params& p, const void* k, const void* v, const int64_t* 
     for (int64_t it = 0; it < items; ++it) {
       const int which = (int)(it & 1);
       const auto* x = reinterpret_cast<const typename Conv::raw*>(which ? v : k);
-      compress_item<Conv>(p, which, plan + (it >> 1) * NUM_FIELDS, x, strides + 3 * which, anchor,
-                          residual, s);
+      const int64_t page = it >> 1;
+      // The page this thread is likely to take next (the same tensor's: two threads alternate
+      // K and V items), for the AVX-512 path's prefetch.
+      const int64_t* next = page + 1 < num_pages ? plan + (page + 1) * NUM_FIELDS : nullptr;
+      compress_item<Conv>(p, which, plan + page * NUM_FIELDS, x, strides + 3 * which, anchor,
+                          residual, s, next);
     }
   }
 }

@@ -276,10 +276,38 @@ struct Centres {
   }
 };
 
+// The cache lines of rows [0, rows) (nbytes each, stride bytes apart) fetched towards L2 a few at
+// a time, between other work (a burst of prefetches would stall on the line fill buffers).
+struct Prefetcher {
+  const char* base = nullptr;
+  int64_t stride = 0, nbytes = 0, rows = 0, row = 0, off = 0;
+  template <typename raw>
+  void start(const raw* x, int64_t st, int64_t num_rows, int64_t D) {
+    base = reinterpret_cast<const char*>(x);
+    stride = st * (int64_t)sizeof(raw);
+    nbytes = D * (int64_t)sizeof(raw);
+    rows = x ? num_rows : 0;
+    row = off = 0;
+  }
+  inline void step(int n) {
+    for (; n > 0 && row < rows; --n) {
+      _mm_prefetch(base + row * stride + off, _MM_HINT_T1);
+      off += 64;
+      if (off >= nbytes) {
+        if (off - 64 < nbytes - 1) _mm_prefetch(base + row * stride + nbytes - 1, _MM_HINT_T1);
+        off = 0;
+        ++row;
+      }
+    }
+  }
+};
+
 // Codes of the block's nz registers xf = (tile - mu) / sigma (0 where sigma == 0), four at a
-// time; written packed (4 + 4 split: straight to the streams) or as bytes for pack().
+// time; written packed (4 + 4 split: straight to the streams) or as bytes for pack(). Each four
+// registers also advance the prefetch by pf_per_batch lines.
 inline void code_block(const Coder512& coder, const Centres& c, const float* tile, int64_t nz,
-                       bool packed44, uint8_t* a44, uint8_t* r44, int8_t* ca, int8_t* cr) {
+                       bool packed44, uint8_t* a44, uint8_t* r44, int8_t* ca, int8_t* cr,
+                       Prefetcher& pf, int pf_per_batch) {
   int64_t k = 0, sub = 0;
   auto next = [&](int64_t z) {
     const int64_t set = k;
@@ -292,6 +320,7 @@ inline void code_block(const Coder512& coder, const Centres& c, const float* til
   };
   int64_t z = 0;
   for (; z + 4 <= nz; z += 4) {
+    pf.step(pf_per_batch);
     __m512 xf[4];
     for (int i = 0; i < 4; ++i) xf[i] = next(z + i);
     if (packed44)
@@ -460,11 +489,13 @@ inline void page_minmax(const typename Conv::raw* x, int64_t st, int64_t tp, flo
 }
 
 // The quantized body of one (page, K|V) item: gamma, stats, codes (compress_item's pass 1 and 2).
+// While a head's rows are coded, the next head's rows (or the next page's first head's: next_row)
+// are prefetched, so that pass 1 does not wait on memory.
 template <typename Conv>
 void compress_body_avx512(const Params& p, int which, const typename Conv::raw* x,
                           const int64_t* strides, int64_t body0, int64_t tp,
                           typename Conv::raw* gamma, uint16_t* stats, uint8_t* codes,
-                          uint8_t* res, Scratch& s) {
+                          uint8_t* res, Scratch& s, const int64_t* next_row) {
   const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk, ns = D / 16;
   const Table& tb = p.t[which];
   const bool token_axis = tb.token_axis != 0;
@@ -484,7 +515,11 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
   float* scale = s.gmax.data();
   const Coder512 coder(tb, p);
   Centres centres;
+  Prefetcher pf;
   __mmask16 spos[16];
+  // lines per batch of 64 codes (the next tile has as many rows as this one, or fewer), + 1
+  const int64_t row_lines = (D * (int64_t)sizeof(typename Conv::raw) + 63) / 64;
+  const int pf_per_batch = (int)((64 * row_lines + D - 1) / D) + 1;
   for (int64_t h = 0; h < H; ++h) {
     const typename Conv::raw* xh = x + h * sh + body0 * st;
     // Pass 1: page min / max per channel, rows in memory order.
@@ -502,6 +537,12 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
     }
     for (int64_t j = 0; j < ns; ++j)
       spos[j] = _mm512_cmp_ps_mask(_mm512_loadu_ps(scale + 16 * j), _mm512_setzero_ps(), _CMP_GT_OQ);
+    if (h + 1 < H)
+      pf.start(xh + sh, st, tp, D);
+    else if (next_row)
+      pf.start(x + next_row[F_BODY0] * st, st, next_row[F_NUM_BODY], D);
+    else
+      pf.start<typename Conv::raw>(nullptr, st, 0, D);
     // Pass 2: per block of rows: normalise into the tile, statistics, codes.
     for (int64_t r0 = 0; r0 < tp; r0 += block) {
       const int64_t rows = std::min(block, tp - r0);
@@ -525,7 +566,7 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
       }
       const int64_t n = rows * D, e0 = (h * tp + r0) * D;  // e0 * 4 bits: byte e0 / 2
       code_block(coder, centres, s.buf.data(), n / 16, packed44, codes + e0 / 2, res + e0 / 2,
-                 s.a.data(), s.r.data());
+                 s.a.data(), s.r.data(), pf, pf_per_batch);
       if (!packed44) {
         pack(s.a.data(), n, (int)p.anchor_bits, codes, e0 * p.anchor_bits);
         pack(s.r.data(), n, (int)p.residual_bits, res, e0 * p.residual_bits);
