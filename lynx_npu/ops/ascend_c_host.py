@@ -204,7 +204,8 @@ def make_tiling(cfg: LynxConfig, num_heads: int, num_tokens: int, head_dim: int,
     err = ctypes.create_string_buffer(512)
     rc = lib.lynx_host_tiling(num_heads, num_tokens, head_dim, 2, cfg.page_size, cfg.chunk_size,
                               cfg.anchor_bits, _AXES[cfg.k_axis], _AXES[cfg.v_axis], cfg.num_sink_tokens,
-                              _CENTERS[cfg.center], mode, int(use_residual), block_size, slot_bytes, num_slots, 0, raw, err, len(err))
+                              _CENTERS[cfg.center], mode, int(use_residual), block_size, slot_bytes,
+                              num_slots, 0, raw, err, len(err))
     if rc:
         raise ValueError(f"Ascend C kernels cannot run this request: {err.value.decode()}")
     a, r = ctypes.c_uint64(), ctypes.c_uint64()
