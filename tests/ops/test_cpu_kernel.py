@@ -62,6 +62,36 @@ def test_strided_input_and_odd_shapes(center):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("center", CENTERS)
+def test_head_dims_and_chunks(center):
+    """Bytes and values over head_dim / chunk pairs (the AVX-512 path takes head_dim % 16 == 0,
+    token-axis chunks of whole registers, one to sixteen registers per row), float32 KV, and
+    strided rows of a [T, 2, H, D] engine buffer."""
+    shapes = [(16, 16), (48, 48), (48, 16), (64, 64), (128, 32), (256, 32), (64, 16), (96, 32)]
+    for d, c in shapes:
+        for k_axis in ("channel", "token"):
+            cfg = config(v_axis="channel" if k_axis == "token" else "token", center=center,
+                         chunk_size=c, page_size=4 * c)
+            for t in (5, 70, 300):
+                for dtype in (torch.bfloat16, torch.float32):
+                    k, v = random_kv(2, t, d, dtype, seed=t + d)
+                    got = poisoned_compress(k, v, cfg, "cpu")
+                    want = reference_streams(cfg, k, v)
+                    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), \
+                        (d, c, k_axis, t, dtype)
+                    enc = codec(cfg)._wrap(tuple(k.shape), dtype, *want)
+                    for stage, res in (("anchor", None), ("full", want[1])):
+                        gk, gv = ops.decompress(want[0], res, cfg, k.shape, dtype, backend="cpu")
+                        wk, wv = codec(cfg).decode(enc, stage)
+                        assert torch.equal(gk, wk) and torch.equal(gv, wv), (d, c, k_axis, t, stage)
+    cfg = config(center=center)
+    kv = torch.randn(600, 2, 3, 64).to(torch.bfloat16)
+    k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)
+    got = ops.compress(k, v, cfg, backend="cpu")
+    want = reference_streams(cfg, k.contiguous(), v.contiguous())
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("dtype", DTYPES + [torch.float32])
 @pytest.mark.parametrize("v_axis", ["channel", "token"])
 @pytest.mark.parametrize("anchor_bits", SPLITS)
