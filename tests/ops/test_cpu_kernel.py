@@ -47,6 +47,18 @@ def test_compress_bytes(anchor_bits, v_axis, sinks, dtype):
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (center, t)
 
 
+@pytest.mark.parametrize("alphas", [(255.0, 255.0), (2.0, 1.0)])
+@pytest.mark.parametrize("anchor_bits", [3, 4, 6])
+def test_compress_bytes_other_alphas(alphas, anchor_bits):
+    """Alpha-law skews whose thresholds crowd some of the AVX-512 coder's 32 segments (it then
+    keeps its binary search) next to the defaults, which take the segment search."""
+    cfg = config(anchor_bits, alpha_k=alphas[0], alpha_v=alphas[1])
+    k, v = random_kv(3, 600, 64, torch.bfloat16, seed=anchor_bits)
+    got = poisoned_compress(k, v, cfg, "cpu")
+    want = reference_streams(cfg, k, v)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("center", CENTERS)
 def test_strided_input_and_odd_shapes(center):
     cfg = config(center=center, page_size=64, chunk_size=16)

@@ -325,7 +325,7 @@ void quantize_codes(const float* __restrict xf, int64_t n, const Table& tb, cons
   int64_t i0 = 0;
 #if defined(LYNX_AVX512)
   {
-    const Coder512 coder(tb, p);
+    const Coder512 coder(Search512(tb.thresholds), p);
     for (; i0 + 16 <= n; i0 += 16) coder(_mm512_loadu_ps(xf + i0), a + i0, r + i0);
   }
 #endif

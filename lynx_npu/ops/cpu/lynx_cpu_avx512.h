@@ -139,15 +139,62 @@ struct Search512 {
   }
 };
 
+// The same count from 32 equal segments of [0, 1]: segment g = min(trunc(min(x, 1) * 32), 31)
+// (x * 32 is exact, so segment g holds exactly the x in [g / 32, (g + 1) / 32), the last one
+// also x >= 1), I = (thresholds below the segment) + #{thresholds inside it that are <= x}.
+// Exact whenever no segment holds more than kMax thresholds (ok); four lookups cheaper than the
+// binary search's seven dependent steps. The default tables hold at most 5 (alpha 0.25 / 0.5,
+// y_max 112); extreme alphas crowd the low segments and keep the binary search.
+struct SegSearch512 {
+  static constexpr int kMax = 5;
+  __m512 t[kMax][2];  // t[k]: threshold k of each segment (+inf past its count), 32 entries
+  __m512i base[2];    // thresholds below each segment
+  bool ok = true;
+  static int segment(float x) { return std::min((int)(std::min(x, 1.0f) * 32.0f), 31); }
+  SegSearch512(const float* thr, int64_t y_max) {
+    alignas(64) float tk[kMax][32];
+    alignas(64) int32_t b[32] = {0};
+    int32_t cnt[32] = {0};
+    for (int64_t j = 0; j < y_max; ++j) ++cnt[segment(thr[j])];  // thr sorted: segments too
+    for (int g = 1; g < 32; ++g) b[g] = b[g - 1] + cnt[g - 1];
+    for (int g = 0; g < 32; ++g) {
+      ok = ok && cnt[g] <= kMax;
+      for (int k = 0; k < kMax; ++k) tk[k][g] = k < cnt[g] ? thr[b[g] + k] : INFINITY;
+    }
+    for (int k = 0; k < kMax; ++k) {
+      t[k][0] = _mm512_load_ps(tk[k]);
+      t[k][1] = _mm512_load_ps(tk[k] + 16);
+    }
+    base[0] = _mm512_load_si512(b);
+    base[1] = _mm512_load_si512(b + 16);
+  }
+  template <int N>
+  inline void count(const __m512* v, __m512i* idx) const {
+    __m512i g[N];
+    for (int i = 0; i < N; ++i) {
+      const __m512 x32 = _mm512_mul_ps(_mm512_min_ps(v[i], _mm512_set1_ps(1.0f)), _mm512_set1_ps(32.0f));
+      g[i] = _mm512_min_epi32(_mm512_cvttps_epi32(x32), _mm512_set1_epi32(31));
+      idx[i] = _mm512_permutex2var_epi32(base[0], g[i], base[1]);
+    }
+    for (int k = 0; k < kMax; ++k)
+      for (int i = 0; i < N; ++i) {
+        const __m512 c = _mm512_permutex2var_ps(t[k][0], g[i], t[k][1]);
+        const __mmask16 m = _mm512_cmp_ps_mask(c, v[i], _CMP_LE_OQ);
+        idx[i] = _mm512_mask_add_epi32(idx[i], m, idx[i], _mm512_set1_epi32(1));
+      }
+  }
+};
+
 // Anchor and residual codes of xf, as quantize_codes: N registers (16 values each) at a time.
 // code<N>(xf, a, r): signed int8 codes to a[0..16N), r[0..16N). code4_packed44: the 4 + 4
 // split's 64 codes packed straight into 32 anchor and 32 residual bytes.
-struct Coder512 {
-  Search512 search;
+template <typename Search>
+struct Coder512T {
+  Search search;
   __m512i bias;
   __m128i shift;
-  Coder512(const Table& tb, const Params& p)
-      : search(tb.thresholds), bias(_mm512_set1_epi32((int)p.bias)),
+  Coder512T(const Search& s, const Params& p)
+      : search(s), bias(_mm512_set1_epi32((int)p.bias)),
         shift(_mm_cvtsi32_si128((int)p.residual_bits)) {}
   // m and res of N registers; m is already ~m (-m - 1) for negative xf.
   template <int N>
@@ -155,7 +202,7 @@ struct Coder512 {
     __m512 ax[N];
     for (int i = 0; i < N; ++i) ax[i] = abs16(xf[i]);
     __m512i code[N];
-    search.count<N>(ax, code);
+    search.template count<N>(ax, code);
     for (int i = 0; i < N; ++i) {
       const __m512i mm = _mm512_sra_epi32(_mm512_add_epi32(code[i], bias), shift);
       res[i] = _mm512_sub_epi32(_mm512_sll_epi32(mm, shift), code[i]);
@@ -196,6 +243,7 @@ struct Coder512 {
   }
   inline void operator()(__m512 x, int8_t* a, int8_t* r) const { code<1>(&x, a, r); }
 };
+using Coder512 = Coder512T<Search512>;
 
 // levels[code] for 16 codes (bits 0..6 used, higher bits ignored): 4 two-register permutes + 3
 // blends.
@@ -305,7 +353,8 @@ struct Prefetcher {
 // Codes of the block's nz registers xf = (tile - mu) / sigma (0 where sigma == 0), four at a
 // time; written packed (4 + 4 split: straight to the streams) or as bytes for pack(). Each four
 // registers also advance the prefetch by pf_per_batch lines.
-inline void code_block(const Coder512& coder, const Centres& c, const float* tile, int64_t nz,
+template <typename Coder>
+inline void code_block(const Coder& coder, const Centres& c, const float* tile, int64_t nz,
                        bool packed44, uint8_t* a44, uint8_t* r44, int8_t* ca, int8_t* cr,
                        Prefetcher& pf, int pf_per_batch) {
   int64_t k = 0, sub = 0;
@@ -326,7 +375,7 @@ inline void code_block(const Coder512& coder, const Centres& c, const float* til
     if (packed44)
       coder.code4_packed44(xf, a44 + 8 * z, r44 + 8 * z);
     else
-      coder.code<4>(xf, ca + 16 * z, cr + 16 * z);
+      coder.template code<4>(xf, ca + 16 * z, cr + 16 * z);
   }
   if (z < nz) {  // the rest, through bytes
     alignas(64) int8_t ta[64], tr[64];
@@ -513,7 +562,9 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
   s.r.resize(block * D);
   float* gmin = s.gmin.data();
   float* scale = s.gmax.data();
-  const Coder512 coder(tb, p);
+  const SegSearch512 seg(tb.thresholds, p.y_max);
+  const Coder512T<SegSearch512> seg_coder(seg, p);
+  const Coder512 bin_coder(Search512(tb.thresholds), p);
   Centres centres;
   Prefetcher pf;
   __mmask16 spos[16];
@@ -565,8 +616,12 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
                                      mu16 + total_chunks, s.buf.data(), s.fold.data(), centres);
       }
       const int64_t n = rows * D, e0 = (h * tp + r0) * D;  // e0 * 4 bits: byte e0 / 2
-      code_block(coder, centres, s.buf.data(), n / 16, packed44, codes + e0 / 2, res + e0 / 2,
-                 s.a.data(), s.r.data(), pf, pf_per_batch);
+      if (seg.ok)
+        code_block(seg_coder, centres, s.buf.data(), n / 16, packed44, codes + e0 / 2,
+                   res + e0 / 2, s.a.data(), s.r.data(), pf, pf_per_batch);
+      else
+        code_block(bin_coder, centres, s.buf.data(), n / 16, packed44, codes + e0 / 2,
+                   res + e0 / 2, s.a.data(), s.r.data(), pf, pf_per_batch);
       if (!packed44) {
         pack(s.a.data(), n, (int)p.anchor_bits, codes, e0 * p.anchor_bits);
         pack(s.r.data(), n, (int)p.residual_bits, res, e0 * p.residual_bits);
