@@ -1,16 +1,22 @@
-// AVX-512 (F + BW) fast paths of lynx_cpu.cpp, included by it inside its namespace when the
+// AVX-512 (F, BW, VL) fast paths of lynx_cpu.cpp, included by it inside its namespace when the
 // compiler targets AVX-512 (-march=native on such a CPU). Every value goes through the same
-// float32 operations as the scalar code, in the same order, so both paths write the same bytes;
-// only reductions whose result does not depend on order (min, max, max |x|) are reordered, and
-// the chunk mean keeps the reference's adjacent-pairs tree.
+// float32 operations as the scalar code, in the same order, so both paths write the same bytes.
+// Only results that do not depend on order are reached differently: min / max reductions, the
+// chunk's max |x - mu| (from its min and max: spread()), the code count (a segment search or a
+// binary search, both exact counts of thresholds <= |x|); the chunk mean keeps the reference's
+// adjacent-pairs tree. Inputs are assumed finite (as the scalar code's min / max are).
 //
-// Compress, per (page, K|V) item and head: pass 1 reads the page tile for its per-channel
-// min / max; then per block of rows (one chunk of C tokens on the channel axis, ~8 KB on the
-// token axis) the rows are normalised into an L1 tile, the chunk statistics, codes and packed
-// bytes follow. Token-axis chunks (C values of one token) are reduced four at a time with a
-// transposing shuffle tree. Decompress (4 + 4 bit split) reads 16 packed bytes of each stream
-// per 32 values and decodes the even and the odd values of the group in two registers, so
-// nibbles never need reordering; the bf16 / f16 results are interleaved on the way out.
+// Compress, per (page, K|V) item and head: pass 1 reads the page's rows for the per-channel
+// min / max (prefetched into L2 while the previous head was coded); then per block of rows (one
+// chunk of C tokens on the channel axis, ~8 KB on the token axis) the rows are normalised into
+// an L1 tile, the chunk statistics follow (token-axis chunks four at a time, through a
+// transposing shuffle tree), then the codes, four registers at a time so that four searches
+// overlap; the 4 + 4 split's nibbles are packed in registers, other splits through pack().
+// The two divisions per value (normalise, scale by sigma) bound it, with the searches.
+// Decompress (4 + 4 split) reads 16 bytes of each stream per 32 values and decodes the even and
+// the odd values of the group in two registers, so nibbles never need reordering; bf16 / f16
+// results are interleaved on the way out. Token-contiguous paged K (vLLM CPU) is decoded into a
+// tile and written by 16 x 16 transposes.
 
 // ---- 16 values of the KV dtype <-> float32 -------------------------------------------------
 template <typename Conv>
