@@ -1,12 +1,13 @@
 """The ``cpu`` backend: lynx_npu/ops/cpu/lynx_cpu.cpp, JIT-built and called through ctypes.
 
 The kernel is plain C++17 + OpenMP with no torch headers: the first use compiles it with the
-system C++ compiler (``$CXX``, else ``g++``; ~3 s) into ``$LYNX_CACHE_DIR`` (default
-``~/.cache/lynx_npu``), keyed by a hash of the sources (the .cpp and its headers), the flags,
-the compiler and the CPU, so later imports just load it. ``-march=native`` makes it fast on the machine that built it;
-``-ffp-contract=off`` keeps the reference's float32 rounding (no FMA). No build step ever
-installs anything (in particular never a torch). OpenMP comes from libgomp, which torch has
-already loaded, so both share one thread pool; the kernel uses ``torch.get_num_threads()``.
+system C++ compiler (``$CXX``, else ``g++``; ~10 s with the AVX-512 paths) into
+``$LYNX_CACHE_DIR`` (default ``~/.cache/lynx_npu``), keyed by a hash of the sources (the .cpp and
+its headers), the flags, the compiler and the CPU, so later imports just load it.
+``-march=native`` makes it fast on the machine that built it; ``-ffp-contract=off`` keeps the
+reference's float32 rounding (no FMA). No build step ever installs anything (in particular never
+a torch). OpenMP comes from libgomp, which torch has already loaded, so both share one thread
+pool; the kernel uses ``torch.get_num_threads()``.
 """
 from __future__ import annotations
 

@@ -361,7 +361,7 @@ struct Prefetcher {
 // time; written packed (4 + 4 split: straight to the streams) or as bytes for pack(). Each four
 // registers also advance the prefetch by pf_per_batch lines.
 template <typename Coder>
-inline void code_block(const Coder& coder, const Centres& c, const float* tile, int64_t nz,
+__attribute__((noinline)) void code_block(const Coder& coder, const Centres& c, const float* tile, int64_t nz,
                        bool packed44, uint8_t* a44, uint8_t* r44, int8_t* ca, int8_t* cr,
                        Prefetcher& pf, int pf_per_batch) {
   int64_t k = 0, sub = 0;
@@ -423,16 +423,14 @@ inline __m512 spread(__m512 lo, __m512 hi, __m512 mu) {
   return _mm512_max_ps(_mm512_sub_ps(hi, mu), _mm512_sub_ps(mu, lo));
 }
 
-// Chunks of C tokens of each channel: rows [r0, r0 + rows) (one chunk) of one head.
-template <typename Conv>
-void compress_channel_block(const Params& p, const typename Conv::raw* xh, int64_t st,
-                            int64_t r0, int64_t rows, const float* gmin, const float* scale,
-                            const __mmask16* spos, uint16_t* mu16, uint16_t* sg16, float* tile,
-                            float* fold, Centres& c) {
+// Chunks of C tokens of each channel (one chunk of rows): tile holds the normalised rows, lo /
+// hi their per-strip min / max. (Not inlined: one copy for every KV dtype.)
+__attribute__((noinline)) void channel_stats(const Params& p, const float* tile, int64_t rows,
+                                             const __m512* lo, const __m512* hi, uint16_t* mu16,
+                                             uint16_t* sg16, float* fold, Centres& c) {
   const int64_t D = p.head_dim, ns = D / 16, cp = next_pow2(p.chunk);
   const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  __m512 lo[16], hi[16], mu[16], am[16];
-  normalise_rows<Conv>(xh, st, r0, rows, D, gmin, scale, spos, tile, lo, hi);
+  __m512 mu[16], am[16];
   c.resize(ns);
   c.every = 1;
   c.wrap = ns;
@@ -468,17 +466,14 @@ void compress_channel_block(const Params& p, const typename Conv::raw* xh, int64
   }
 }
 
-// Chunks of C head_dim values of each token (D % C == 0, C % 16 == 0): rows [r0, r0 + rows) of
-// one head; chunks are reduced four at a time. ZC = C / 16 registers per chunk when it is known
-// at compile time (0: read from p).
-template <typename Conv, int ZC>
-void compress_token_block(const Params& p, const typename Conv::raw* xh, int64_t st, int64_t r0,
-                          int64_t rows, const float* gmin, const float* scale,
-                          const __mmask16* spos, uint16_t* mu16, uint16_t* sg16, float* tile,
-                          Centres& c) {
+// Chunks of C head_dim values of each token (D % C == 0, C % 16 == 0) of the normalised rows in
+// tile, reduced four at a time. ZC = C / 16 registers per chunk when it is known at compile time
+// (0: read from p).
+template <int ZC>
+__attribute__((noinline)) void token_stats(const Params& p, const float* tile, int64_t rows,
+                                           uint16_t* mu16, uint16_t* sg16, Centres& c) {
   const int64_t D = p.head_dim, C = ZC ? 16 * ZC : p.chunk, zc = C / 16, nb = next_pow2(zc);
   const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  normalise_rows<Conv>(xh, st, r0, rows, D, gmin, scale, spos, tile, nullptr, nullptr);
   const int64_t nch = rows * (D / C);
   c.resize(nch + 4);
   c.every = zc;
@@ -604,23 +599,22 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
     // Pass 2: per block of rows: normalise into the tile, statistics, codes.
     for (int64_t r0 = 0; r0 < tp; r0 += block) {
       const int64_t rows = std::min(block, tp - r0);
+      __m512 lo[16], hi[16];  // channel axis: per-strip min / max of the block
+      normalise_rows<Conv>(xh, st, r0, rows, D, gmin, scale, spos, s.buf.data(),
+                           token_axis ? nullptr : lo, hi);
       if (token_axis) {
         uint16_t* mu16 = stats + (h * tp + r0) * ncd;
-        auto run = [&](auto zc) {
-          compress_token_block<Conv, decltype(zc)::value>(p, xh, st, r0, rows, gmin, scale, spos,
-                                                          mu16, mu16 + total_chunks,
-                                                          s.buf.data(), centres);
-        };
+        uint16_t* sg16 = mu16 + total_chunks;
         switch (C) {
-          case 16: run(std::integral_constant<int, 1>()); break;
-          case 32: run(std::integral_constant<int, 2>()); break;
-          case 64: run(std::integral_constant<int, 4>()); break;
-          default: run(std::integral_constant<int, 0>());
+          case 16: token_stats<1>(p, s.buf.data(), rows, mu16, sg16, centres); break;
+          case 32: token_stats<2>(p, s.buf.data(), rows, mu16, sg16, centres); break;
+          case 64: token_stats<4>(p, s.buf.data(), rows, mu16, sg16, centres); break;
+          default: token_stats<0>(p, s.buf.data(), rows, mu16, sg16, centres);
         }
       } else {
         uint16_t* mu16 = stats + (h * nct + r0 / C) * D;
-        compress_channel_block<Conv>(p, xh, st, r0, rows, gmin, scale, spos, mu16,
-                                     mu16 + total_chunks, s.buf.data(), s.fold.data(), centres);
+        channel_stats(p, s.buf.data(), rows, lo, hi, mu16, mu16 + total_chunks, s.fold.data(),
+                      centres);
       }
       const int64_t n = rows * D, e0 = (h * tp + r0) * D;  // e0 * 4 bits: byte e0 / 2
       if (seg.ok)
