@@ -14,6 +14,7 @@ Row fields (the ``F_*`` constants are the column indices the kernels use):
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -59,6 +60,13 @@ class LayerPlan:
     @property
     def num_pages(self) -> int:
         return len(self.pages)
+
+    @functools.cached_property
+    def section_align(self) -> int:
+        """The largest of 16, 8, 4, 2, 1 bytes dividing every section offset (kernels vectorize
+        loads and stores of the sections by it)."""
+        offsets = self.table[:, F_SECTION:F_PADS].reshape(-1).tolist()
+        return math.gcd(16, *offsets)
 
     def on(self, device) -> torch.Tensor:
         """The plan table on ``device`` (cached per device)."""

@@ -13,6 +13,12 @@ exactly (the thresholds are sorted; the padding is +inf). ``shift`` keeps 23 - s
 mantissa bits per octave: buckets are fine near 0 and coarse near 1, like the alpha-law
 thresholds themselves. Everything here is exact float32 comparison: the codes equal
 ``searchsorted(thresholds, |x|, right=True)`` bit for bit.
+
+Two fused forms for the GPU kernels (one gather per value instead of two dependent ones):
+``probe_table`` (int64 per bucket: bucket[b] | bits(thresholds_padded[bucket[b]]) << 32, the
+bucket's count and its first probe) and ``signed_levels`` (float32 [256]: the decoded +-level of
+each (anchor field << residual_bits | residual field) byte; the anchor stage reads residual 0,
+packed as ``anchor_levels``).
 """
 from __future__ import annotations
 
@@ -86,6 +92,42 @@ def codes_via_buckets(x_abs: torch.Tensor, t: QuantTables) -> torch.Tensor:
     return i
 
 
+def probe_table(t: QuantTables) -> np.ndarray:
+    """int64 [num_buckets]: bucket[b] in the low 32 bits, the float32 bits of the threshold it
+    probes first (thresholds_padded[bucket[b]]) in the high 32, so I = low + (|x| >= high)."""
+    first = t.thresholds[t.bucket.astype(np.int64)].view(np.int32).astype(np.int64)
+    return t.bucket.astype(np.int64) | (first << 32)
+
+
+def probe32_table(t: QuantTables) -> np.ndarray:
+    """int32 [num_buckets], for |x| bits b (<= bits(1.0)), rel = b - (key_lo << shift), bucket
+    k = max(rel >> shift, 0), low = rel - (k << shift) (negative below bucket 0's edge):
+    I = (entry & 255) + (low >= entry >> 8). entry >> 8 is the first probed threshold's bits
+    minus the bucket's lower edge, or 1 << shift when it lies past the bucket (never reached)."""
+    k = np.arange(len(t.bucket), dtype=np.int64)
+    edge = (t.key_lo + k) << t.shift
+    first = t.thresholds[t.bucket.astype(np.int64)].view(np.int32).astype(np.int64)
+    off = np.minimum(first - edge, 1 << t.shift)
+    assert (off >= 0).all() and (t.num_probes > 1 or (off[1:] >= 1).all())
+    return (t.bucket.astype(np.int64) | (off << 8)).astype(np.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def signed_levels(alpha: float, y_max: int, anchor_bits: int) -> np.ndarray:
+    """float32 [256]: entry (ua << r) | ur is the value lynx_ref.dequantize gives the signed
+    anchor / residual bit fields ua / ur (r = 8 - anchor_bits): +-levels[clamp((m << r) - res)]."""
+    r = 8 - anchor_bits
+    lv = lynx_tables.levels(alpha, y_max).numpy()
+    u = np.arange(256)
+    ua, ur = u >> r, u & ((1 << r) - 1)
+    a = ua - ((ua >> (anchor_bits - 1)) << anchor_bits)   # sign-extend
+    res = ur - ((ur >> (r - 1)) << r)
+    neg = a < 0
+    m = np.where(neg, -a - 1, a)
+    mag = lv[np.clip((m << r) - res, 0, y_max)]
+    return np.where(neg, -mag, mag).astype(np.float32)
+
+
 @functools.lru_cache(maxsize=64)
 def _stacked(alpha_k: float, alpha_v: float, y_max: int):
     tk, tv = quant_tables(alpha_k, y_max), quant_tables(alpha_v, y_max)
@@ -97,20 +139,39 @@ def _stacked(alpha_k: float, alpha_v: float, y_max: int):
             bucket, (tk, tv))
 
 
+def _padded(a: np.ndarray, n: int) -> np.ndarray:
+    return np.concatenate([a, np.zeros(n - len(a), dtype=a.dtype)])
+
+
 _DEVICE_CACHE: dict = {}
 
 
 def device_tables(cfg, device: torch.device) -> dict:
     """K and V tables of ``cfg`` stacked as [2, ...] tensors on ``device`` (cached)."""
-    key = (cfg.alpha_k, cfg.alpha_v, cfg.y_max, str(device))
+    key = (cfg.alpha_k, cfg.alpha_v, cfg.y_max, cfg.anchor_bits, str(device))
     hit = _DEVICE_CACHE.get(key)
     if hit is None:
         thr, lv, bucket, (tk, tv) = _stacked(float(cfg.alpha_k), float(cfg.alpha_v), cfg.y_max)
+        nb = 1 << max(bucket.shape[1] - 1, 0).bit_length()  # a power of two
         hit = {
             "thresholds": torch.from_numpy(thr).to(device),
             "levels": torch.from_numpy(lv).to(device),
             "bucket": torch.from_numpy(bucket).to(device),
             "bucket_len": bucket.shape[1],
+            "probe": torch.from_numpy(np.stack([_padded(probe_table(tk), nb),
+                                                _padded(probe_table(tv), nb)])).to(device),
+            "probe32": torch.from_numpy(np.stack([_padded(probe32_table(tk), nb),
+                                                  _padded(probe32_table(tv), nb)])).to(device),
+            "probe_len": nb,
+            "signed_levels": torch.from_numpy(np.stack([
+                signed_levels(float(cfg.alpha_k), cfg.y_max, cfg.anchor_bits),
+                signed_levels(float(cfg.alpha_v), cfg.y_max, cfg.anchor_bits)])).to(device),
+            # the anchor stage's entries (ua << r) packed at ua: 2**anchor_bits neighbours, so
+            # a warp's lookups spread over the banks instead of every 2**r-th word
+            "anchor_levels": torch.from_numpy(np.stack([
+                _padded(signed_levels(float(a), cfg.y_max, cfg.anchor_bits)[
+                    np.arange(1 << cfg.anchor_bits) << cfg.residual_bits], 256)
+                for a in (cfg.alpha_k, cfg.alpha_v)])).to(device),
             "k": tk,
             "v": tv,
         }
