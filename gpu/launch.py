@@ -25,12 +25,12 @@ from .lynx_decompress import lynx_decompress_kernel
 NAME = "triton"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_TILE = 16384      # values per program (registers)
-# Inputs whose nonzero |x| are all >= this take the FMA division (see lynx_compress._normalise).
-SAFE_MIN = {torch.float16: 0.0, torch.bfloat16: 2.0 ** -95, torch.float32: 2.0 ** -79}
 MAX_PAGE = 1024
+# Inputs whose nonzero |x| are all >= this take the FMA division (see lynx_compress.py).
+SAFE_MIN = {torch.float16: 0.0, torch.bfloat16: 2.0 ** -95, torch.float32: 2.0 ** -79}
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
-TUNING = {"compress": {"BD": None, "num_warps": None, "TREE": True},
-          "decompress": {"TB": None, "BD": None, "num_warps": None}}
+TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True},
+          "decompress": {"TB": None, "num_warps": None}}
 
 
 def _pow2(n: int) -> int:
@@ -38,39 +38,43 @@ def _pow2(n: int) -> int:
 
 
 def _blocks(cfg, head_dim: int, which: str) -> dict:
+    """Compress strips: all BT = pow2(page_size) tokens x BD channels (G groups of 8), read
+    in steps of RPT groups per thread: CS tokens of every chunk (channel axis) or TS tokens
+    (token axis, where BD is a multiple of the chunk along head_dim, CE = GC*8)."""
     bt = _pow2(cfg.page_size)
     c = cfg.chunk_size
     token = cfg.axis(which) == "token"
-    # Measured on an H100 (docs/benchmarks.md): 4 warps over [BT, 16] tiles beat wider tiles.
-    if token:
-        bd = min(c, _pow2(head_dim)) if c > 32 else min(32, _pow2(head_dim))
-        bd = max(bd, 8)
-        ce = min(c, bd)
-    else:
-        bd = max(8, min(16, _pow2(head_dim), MAX_TILE // 2 // bt))
-        ce = c
     tune = TUNING["compress"]
-    if tune["BD"] and (not token or tune["BD"] % ce == 0):
-        bd = tune["BD"]
-    return {"TOKEN_AXIS": token, "BT": bt, "BD": bd, "C": c, "CE": ce,
-            "num_dt": triton.cdiv(head_dim, bd),
-            "num_warps": tune["num_warps"] or (4 if bt * bd <= 8192 else 8)}
+    # Measured on an H100 (docs/benchmarks.md): 32-channel strips, 4 warps, one group of 8
+    # values per thread per step.
+    bd = tune["BD"] or max(8, min(32, _pow2(head_dim)))
+    ce = min(c, _pow2(head_dim))
+    if token:
+        bd = max(bd, ce)
+        if bd % ce:
+            bd = ce
+    g = bd // 8
+    warps = tune["num_warps"] or 4
+    rows = 32 * warps * (tune["RPT"] or 1)  # groups of 8 values per step
+    nc = max(bt // c, 1)
+    return {"TOKEN_AXIS": token, "BT": bt, "BD": bd, "G": g, "C": c, "CE": ce,
+            "CS": max(1, min(c, rows // (nc * g))), "TS": max(1, min(bt, rows // g)),
+            "GC": max(ce // 8, 1), "num_dt": triton.cdiv(head_dim, bd), "num_warps": warps}
 
 
 def _decode_blocks(cfg, head_dim: int, which: str) -> dict:
-    """Decompress tiles follow the chunks: channel axis: TB = C tokens x BD channels; token
-    axis: TB tokens x BD = one chunk of head_dim (min(C, head_dim rounded up to a power of 2))."""
+    """Decompress tiles: TB tokens x all head_dim channels (G groups of 8). On the channel axis
+    TB <= the chunk, so a tile reads one row of chunk statistics."""
     b = _blocks(cfg, head_dim, which)
     tune = TUNING["decompress"]
-    c = cfg.chunk_size
-    if b["TOKEN_AXIS"]:
-        bd = min(c, _pow2(head_dim))
-        tb = min(tune["TB"] or max(8, 2048 // bd), b["BT"])
-    else:
-        tb = c
-        bd = tune["BD"] or max(8, min(_pow2(head_dim), 2048 // c))
-    return {"TOKEN_AXIS": b["TOKEN_AXIS"], "TB": tb, "NTB": triton.cdiv(b["BT"], tb), "BD": bd,
-            "C": c, "num_dt": triton.cdiv(head_dim, bd), "num_warps": tune["num_warps"] or 2}
+    g = _pow2(head_dim) // 8
+    tb = tune["TB"] or max(8, 4096 // (8 * g))
+    if not b["TOKEN_AXIS"]:
+        tb = min(tb, cfg.chunk_size)
+    tb = min(tb, b["BT"])
+    return {"TOKEN_AXIS": b["TOKEN_AXIS"], "TB": tb, "NTB": triton.cdiv(b["BT"], tb), "G": g,
+            "C": cfg.chunk_size, "EVEN_D": head_dim == 8 * g,
+            "num_warps": tune["num_warps"] or 4}
 
 
 def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
@@ -134,13 +138,6 @@ def _words(buf: torch.Tensor, bits: int):
     return buf.view(wd), True
 
 
-def _common(cfg, blk, es, which_index) -> dict:
-    return dict(WHICH=which_index, TOKEN_AXIS=blk["TOKEN_AXIS"], BD=blk["BD"],
-                C=blk["C"], BS=_pow2(cfg.num_sink_tokens), ES=es,
-                A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits,
-                num_warps=blk["num_warps"], enable_fp_fusion=False)
-
-
 def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
     dev = _check_device(k, v)
     cfg = plan.config
@@ -162,12 +159,16 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
         grid = (plan.num_pages * blk["num_dt"], plan.num_kv_heads)
         lynx_compress_kernel[grid](
             x, *x.stride(), a8, akv, a16, aw, res_arg, rw, table,
-            tabs["thresholds"][wi], tabs["bucket"][wi], t.shift, t.key_lo,
+            tabs["probe32"][wi], tabs["thresholds"][wi], t.shift, t.key_lo << t.shift,
             plan.num_kv_heads, plan.head_dim, blk["num_dt"],
-            BT=blk["BT"], CE=blk["CE"], BIAS=cfg.bias, PROBES=t.num_probes,
-            MIDRANGE=cfg.center == "midrange", TREE=TUNING["compress"]["TREE"],
-            SAFE_MIN=SAFE_MIN[k.dtype], A_WORDS=a_words, R_WORDS=r_words,
-            **_common(cfg, blk, es, wi))
+            WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
+            CS=blk["CS"], GC=blk["GC"], TS=blk["TS"], BS=_pow2(cfg.num_sink_tokens), ES=es,
+            A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits, BIAS=cfg.bias,
+            PROBES=t.num_probes, MIDRANGE=cfg.center == "midrange",
+            TREE=TUNING["compress"]["TREE"], SAFE_MIN=SAFE_MIN[k.dtype], A_WORDS=a_words,
+            R_WORDS=r_words, SEC=plan.section_align, NB=tabs["probe_len"],
+            num_warps=blk["num_warps"],
+            enable_fp_fusion=False)
     return anchor, residual
 
 
@@ -185,18 +186,23 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
     aw, a_words = _words(anchor, cfg.anchor_bits)
     rw, r_words = _words(r8, cfg.residual_bits) if has_res else (a8, False)
     slots = dest.slot_mapping if dest.slot_mapping is not None else table
+    bs = dest.block_size
+    bs_shift = bs.bit_length() - 1 if bs & (bs - 1) == 0 else -1
     for wi, (which, tgt) in enumerate((("k", dest.k), ("v", dest.v))):
         blk = _decode_blocks(cfg, plan.head_dim, which)
-        grid = (plan.num_pages * blk["NTB"] * blk["num_dt"], plan.num_kv_heads)
+        grid = (plan.num_pages * blk["NTB"], plan.num_kv_heads)
         align = math.gcd(tgt.s_block, tgt.s_token, 16) if tgt.s_dim == 1 else 1
         lynx_decompress_kernel[grid](
-            a8, akv, a16, aw, r8, rw, table, tabs["levels"][wi],
+            a8, akv, a16, aw, r8, rw, table,
+            tabs["signed_levels" if has_res else "anchor_levels"][wi],
             tgt.tensor, tgt.offset, tgt.s_block, tgt.s_token, tgt.s_head, tgt.s_dim,
-            dest.block_size, slots, plan.num_kv_heads, plan.head_dim, blk["num_dt"],
-            YMAX=cfg.y_max, HAS_RES=residual is not None, PAGED=dest.slot_mapping is not None,
-            INTERPRET=interpreting(), NTB=blk["NTB"], TB=blk["TB"], ALIGN=align,
-            A_WORDS=a_words, R_WORDS=r_words,
-            **_common(cfg, blk, es, wi))
+            dest.block_size, slots, plan.num_kv_heads, plan.head_dim,
+            WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], NTB=blk["NTB"], TB=blk["TB"], G=blk["G"],
+            C=blk["C"], BS=_pow2(cfg.num_sink_tokens), ES=es, A_BITS=cfg.anchor_bits,
+            R_BITS=cfg.residual_bits, HAS_RES=has_res, PAGED=dest.slot_mapping is not None,
+            INTERPRET=interpreting(), ALIGN=align, A_WORDS=a_words, R_WORDS=r_words,
+            EVEN_D=blk["EVEN_D"], SEC=plan.section_align, BS_SHIFT=bs_shift,
+            num_warps=blk["num_warps"], enable_fp_fusion=False)
 
 
 def load():

@@ -160,6 +160,43 @@ def unpack_words(wptr, row_word, mask_rows, ncols, R: tl.constexpr, G: tl.conste
 
 
 @triton.jit
+def section(row, field, ALIGN: tl.constexpr):
+    """Byte offset of a section from its plan row (int64), a multiple of ALIGN (the plan's
+    section_align: a hint that lets loads and stores of the section vectorize)."""
+    off = tl.load(row + field)
+    if ALIGN > 1:
+        off = tl.multiple_of(off, ALIGN)
+    return off
+
+
+@triton.jit
+def unpack_fields(b8_ptr, w_ptr, off, grp, qmask, Q: tl.constexpr, BITS: tl.constexpr,
+                  WORDS: tl.constexpr):
+    """Unsigned BITS-bit fields [Q, 8]: row q is group ``grp[q]`` (8 consecutive values) of a
+    packed stream at byte offset ``off``; masked groups read as 0. WORDS (BITS in 1, 2, 4):
+    ``w_ptr`` views the stream as words of BITS bytes, one load per group (not vectorized
+    across groups: a thread holds one group per row); else the group's BITS bytes are loaded
+    together and split in registers."""
+    MASK: tl.constexpr = (1 << BITS) - 1
+    if WORDS:
+        ptr = tl.max_contiguous(w_ptr + off // BITS + grp, [1])
+        w = tl.load(ptr, mask=qmask, other=0).to(tl.int32)
+        return (w[:, None] >> (tl.arange(0, 8) * BITS)[None, :]) & MASK
+    else:
+        NB: tl.constexpr = 4 if BITS <= 4 else 8   # bytes loaded per group (BITS used)
+        j = tl.arange(0, NB)
+        b = tl.load(b8_ptr + off + grp[:, None] * BITS + j[None, :],
+                    mask=qmask[:, None] & (j < BITS)[None, :], other=0)
+        if BITS <= 4:
+            word = tl.sum(b.to(tl.int32) << (j * 8)[None, :], axis=1)
+            return (word[:, None] >> (tl.arange(0, 8) * BITS)[None, :]) & MASK
+        else:
+            word = tl.sum(b.to(tl.int64) << (j.to(tl.int64) * 8)[None, :], axis=1)
+            sh = tl.arange(0, 8).to(tl.int64) * BITS
+            return ((word[:, None] >> sh[None, :]) & MASK).to(tl.int32)
+
+
+@triton.jit
 def pack_words(vals, wptr, row_word, mask_rows, ncols, R: tl.constexpr, G: tl.constexpr,
                BITS: tl.constexpr):
     """Inverse of unpack_words: vals [R, G, 8] -> one word of BITS bytes per group of 8."""

@@ -1,21 +1,36 @@
 """Triton: Lynx compress, fused (lynx_npu/codec/lynx_ref.py ``quantize`` + the v1 page layout).
 
-One program = one page x one kv head x one tile of BD channels, for K or V (WHICH). It reads
-its [tokens, BD] input tile once into registers, computes page min/max, chunk mean/scale and
-codes there, and writes each output once: gamma, chunk statistics, packed anchor and residual
-codes, the page-0 sink tokens and (one program per page) the zero alignment padding. Byte
-offsets come from the page plan (lynx_npu/ops/plan.py). The chunk tile is [NC, C, BD] for the
-channel axis (C tokens of a channel) and [BT, NCD, CE] for the token axis (CE head_dim values
-of a token), so chunk reductions are plain axis reductions. The chunk centre is the midrange
-(MIDRANGE) or the mean summed in the reference's pairwise tree. ``TREE=False`` (benchmarks
-only) sums with tl.sum instead, to measure what the fixed order costs.
+One program = one page x one kv head x one strip of BD channels, for K or V (WHICH). It reads
+its [tokens, BD] input strip once into registers and writes each output once: gamma, chunk
+statistics, packed anchor and residual codes, the page-0 sink tokens and (one program per page)
+the zero alignment padding. Byte offsets come from the page plan (lynx_npu/ops/plan.py).
+
+The strip is held as [..., G, 8]: a thread owns groups of 8 consecutive channels of a token
+(16-byte loads; one word of packed codes per stream), and only two tile-wide reductions remain:
+
+* channel axis (K): chunk c of a channel is C consecutive tokens; the tile is
+  [CR, CW, NC, G, 8] with token = nc*C + cw*CR + cr (CR tokens of a chunk in a thread's
+  registers, CW across warps). Normalisation xn = RN(RN(x - gmin) / scale) is monotone in x,
+  so the chunk's min / max of xn are xn(min x), xn(max x): one min/max reduction of the raw
+  values gives the page min/max (gamma) and every chunk's lo / hi.
+* token axis (V): a chunk is CE = GC*8 channels of a token; each channel has its own gmin and
+  scale, so the page min/max reduce over tokens, then the chunk lo / hi over the normalised
+  values.
+
+Then mu = f16((hi + lo) / 2) (MIDRANGE) or f16(pairwise tree sum / count) (mean, the
+reference's order: lynx_ref.tree_sum), and sigma = f16(max |xn - mu|) =
+f16(max(RN(hi - mu), RN(mu - lo))) (RN(. - mu) is monotone), with no per-value |.| or max.
+Codes: one 32-bit lookup per value in the probe table (ops/tables.py ``probe32_table``),
+kept in shared memory (tl.gather).
+``TREE=False`` (benchmarks only) sums the mean with tl.sum instead, to measure what the fixed
+order costs.
 """
 import triton
 import triton.language as tl
 
 from lynx_npu.ops import plan as P
 
-from .lynx_common import (codes, div_known, minmax, minmax_tiny, pack_store, pack_words, tree_sum_last, tree_sum_mid)
+from .lynx_common import div_known, minmax, minmax_combine, minmax_tiny, section
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -29,59 +44,283 @@ F_RES = tl.constexpr(P.F_RES)
 F_PADS = tl.constexpr(P.F_PADS)
 NUM_PADS = tl.constexpr(P.NUM_PADS)
 NF = tl.constexpr(P.NUM_FIELDS)
+ONE_BITS = tl.constexpr(0x3F800000)  # float32 bits of 1.0
 
 
 @triton.jit
-def _pack(vals, bptr, wptr, e0, tmask, ncols, R: tl.constexpr, BD: tl.constexpr,
-          BITS: tl.constexpr, WORDS: tl.constexpr):
-    if WORDS:  # one word of BITS bytes per group of 8 values
-        pack_words(tl.reshape(vals, [R, BD // 8, 8]), wptr, e0 // 8, tmask, ncols, R, BD // 8,
-                   BITS)
+def _codes(xf, tab, probe_ptr, thr_ptr, shift, base0, PROBES: tl.constexpr, RS: tl.constexpr,
+           SMEM: tl.constexpr):
+    """I = #{thresholds <= |xf|} (int32, exactly searchsorted(thr, |xf|, right)) from one
+    int32 probe entry per value (ops/tables.py ``probe32_table``): looked up in ``tab`` (the
+    table in registers; tl.gather goes through shared memory) if SMEM, else in global memory.
+    xf: [RS, 8]; base0 = key_lo << shift."""
+    bits = xf.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    rel = tl.minimum(bits, ONE_BITS) - base0
+    key = tl.maximum(rel >> shift, 0)
+    low = rel - (key << shift)  # negative below bucket 0's lower edge
+    if SMEM:
+        e = tl.reshape(tl.gather(tab, tl.reshape(key, [RS * 8]), 0), [RS, 8])
     else:
-        pack_store(vals, bptr, (e0 * BITS) >> 3, tmask, ncols, R, BD, BITS)
+        e = tl.load(probe_ptr + key)
+    i = (e & 255) + (low >= (e >> 8)).to(tl.int32)
+    if PROBES > 1:
+        av = bits.to(tl.float32, bitcast=True)
+        for _ in tl.static_range(PROBES - 1):
+            i += (tl.load(thr_ptr + i) <= av).to(tl.int32)
+    return i
 
 
 @triton.jit
-def _codes_and_pack(xf, R: tl.constexpr, BD: tl.constexpr, t, tmask, h, tp, D, d0,
-                    codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr,
-                    thr_ptr, bucket_ptr, shift, key_lo,
-                    A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
-                    PROBES: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr):
-    """xf [R, BD] (rows t) -> packed anchor / residual codes of stream rows (h, t, d0..)."""
-    i = codes(xf, thr_ptr, bucket_ptr, shift, key_lo, PROBES)
+def _split(xf, tab, probe_ptr, thr_ptr, shift, base0, A_BITS: tl.constexpr,
+           R_BITS: tl.constexpr, BIAS: tl.constexpr, PROBES: tl.constexpr, RS: tl.constexpr,
+           SMEM: tl.constexpr):
+    """xf [RS, 8] -> (anchor field, residual field), unsigned A_BITS / R_BITS-bit (Alg. 1
+    l.14-18)."""
+    i = _codes(xf, tab, probe_ptr, thr_ptr, shift, base0, PROBES, RS, SMEM)
     m = (i + BIAS) >> R_BITS
     res = (m << R_BITS) - i
-    anc = m ^ (xf < 0).to(tl.int32) * -1  # -m - 1 == ~m where the centred value is negative
-    e0 = (h * tp + t) * D + d0  # stream position of each row's first value (multiple of 8)
-    _pack(anc, a8_ptr + codes_off, aw_ptr + codes_off // A_BITS, e0, tmask, D - d0, R, BD,
-          A_BITS, A_WORDS)
-    _pack(res, r8_ptr + res_off, rw_ptr + res_off // R_BITS, e0, tmask, D - d0, R, BD, R_BITS,
-          R_WORDS)
+    anc = m ^ -(xf < 0).to(tl.int32)  # -m - 1 == ~m where the centred value is negative
+    return anc & ((1 << A_BITS) - 1), res & ((1 << R_BITS) - 1)
 
 
 @triton.jit
-def _min_max_min(a_lo, a_hi, a_t, b_lo, b_hi, b_t):
-    return tl.minimum(a_lo, b_lo), tl.maximum(a_hi, b_hi), tl.minimum(a_t, b_t)
+def _pack_store(f, b8_ptr, w_ptr, off, grp, gmask, BITS: tl.constexpr, WORDS: tl.constexpr):
+    """Store fields f [R, 8] (row r: 8 consecutive stream values, in one thread) packed
+    LSB-first at group index ``grp[r]`` of the stream at byte offset ``off``."""
+    if WORDS:  # one word of BITS bytes per group, one store per thread
+        w = tl.sum(f << (tl.arange(0, 8) * BITS)[None, :], axis=1)
+        ptr = tl.max_contiguous(w_ptr + off // BITS + grp, [1])
+        tl.store(ptr, w.to(w_ptr.dtype.element_ty), mask=gmask)
+    else:  # 8 values -> BITS bytes through a 64-bit word
+        w = tl.sum(f.to(tl.int64) << (tl.arange(0, 8).to(tl.int64) * BITS)[None, :], axis=1)
+        b = tl.arange(0, 8)
+        byte = (w[:, None] >> (b.to(tl.int64) * 8)[None, :]) & 255
+        tl.store(b8_ptr + off + grp[:, None] * BITS + b[None, :], byte.to(tl.uint8),
+                 mask=gmask[:, None] & (b < BITS)[None, :])
 
 
 @triton.jit
-def _normalise(x, xmin, scale, tiny, m, SAFE_MIN: tl.constexpr):
-    """(x - gmin) / scale, 0 where scale == 0, rounded like IEEE division.
-
-    With a reciprocal per channel and two FMAs (div_known) when every column of the tile is
-    safe for it: nonzero |x| >= SAFE_MIN (so nonzero x - gmin >= 2**-102: 2**-95 for bfloat16,
-    2**-79 for float32 inputs, any float16) and scale <= 2**24 (normal quotients); else (never on
-    real KV) IEEE division. ``tiny`` is the smallest nonzero |x| per column, ``m`` the column
-    mask."""
-    sc = tl.where(scale > 0, scale, 1.0)
-    ok = (scale <= 16777216.0) | (m == 0)
-    if SAFE_MIN > 0:
-        ok = ok & ((tiny >= SAFE_MIN) | (m == 0))
-    if tl.min(ok.to(tl.int32)) == 1:
-        xn = div_known(x - xmin, sc, tl.math.div_rn(tl.full(sc.shape, 1.0, tl.float32), sc))
+def _stats(lo, hi, csum, count, MIDRANGE: tl.constexpr):
+    """(mu f16, sigma f16) of chunks with min / max ``lo`` / ``hi`` of their normalised values
+    (``csum``: their tree sum, for the mean). Unused arguments may be anything."""
+    if MIDRANGE:
+        mu = ((hi + lo) * 0.5).to(tl.float16)  # * 0.5 == / 2 exactly
     else:
-        xn = tl.math.div_rn(x - xmin, sc)
-    return tl.where(scale > 0, xn, 0.0)
+        mu = tl.math.div_rn(csum, count).to(tl.float16)
+    mu32 = mu.to(tl.float32)
+    sigma = tl.maximum(hi - mu32, mu32 - lo).to(tl.float16)
+    return mu, sigma
+
+
+@triton.jit
+def _fold0(x, A: tl.constexpr, B: tl.constexpr, N: tl.constexpr, G: tl.constexpr):
+    """[A, B, N, G, 8] -> [A // 2, B, N, G, 8] with s[i] = x[2i] + x[2i + 1]."""
+    return tl.sum(tl.reshape(x, [A // 2, 2, B, N, G, 8]), axis=1)
+
+
+@triton.jit
+def _tree_channel(xn, CR: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, G: tl.constexpr):
+    """Pairwise sum over the chunk's tokens c = cw*CR + cr of [CR, CW, NC, G, 8] -> [NC, G, 8]
+    (lynx_ref.tree_sum's order: cr pairs first, then cw pairs). Sizes are powers of two; each
+    fold below runs when the axis still has that size."""
+    if CR >= 256:
+        xn = _fold0(xn, 256, CW, NC, G)
+    if CR >= 128:
+        xn = _fold0(xn, 128, CW, NC, G)
+    if CR >= 64:
+        xn = _fold0(xn, 64, CW, NC, G)
+    if CR >= 32:
+        xn = _fold0(xn, 32, CW, NC, G)
+    if CR >= 16:
+        xn = _fold0(xn, 16, CW, NC, G)
+    if CR >= 8:
+        xn = _fold0(xn, 8, CW, NC, G)
+    if CR >= 4:
+        xn = _fold0(xn, 4, CW, NC, G)
+    if CR >= 2:
+        xn = _fold0(xn, 2, CW, NC, G)
+    x = tl.reshape(xn, [CW, 1, NC, G, 8])
+    if CW >= 8:
+        x = _fold0(x, 8, 1, NC, G)
+    if CW >= 4:
+        x = _fold0(x, 4, 1, NC, G)
+    if CW >= 2:
+        x = _fold0(x, 2, 1, NC, G)
+    return tl.reshape(x, [NC, G, 8])
+
+
+@triton.jit
+def _fold3(x, A: tl.constexpr, B: tl.constexpr, N: tl.constexpr):
+    """[A, B, N] -> [A, B, N // 2] with s[i] = x[2i] + x[2i + 1]."""
+    return tl.sum(tl.reshape(x, [A, B, N // 2, 2]), axis=3)
+
+
+@triton.jit
+def _tree_token(xn, BT: tl.constexpr, NCD: tl.constexpr, GC: tl.constexpr):
+    """Pairwise sum over the chunk's channels gc*8 + j of [BT, NCD, GC, 8] -> [BT, NCD]."""
+    x = tl.reshape(xn, [BT, NCD * GC, 8])
+    x = _fold3(x, BT, NCD * GC, 8)
+    x = _fold3(x, BT, NCD * GC, 4)
+    x = _fold3(x, BT, NCD * GC, 2)
+    x = tl.reshape(x, [BT, NCD, GC])
+    if GC >= 64:
+        x = _fold3(x, BT, NCD, 64)
+    if GC >= 32:
+        x = _fold3(x, BT, NCD, 32)
+    if GC >= 16:
+        x = _fold3(x, BT, NCD, 16)
+    if GC >= 8:
+        x = _fold3(x, BT, NCD, 8)
+    if GC >= 4:
+        x = _fold3(x, BT, NCD, 4)
+    if GC >= 2:
+        x = _fold3(x, BT, NCD, 2)
+    return tl.reshape(x, [BT, NCD])
+
+
+@triton.jit
+def _div(a, b, y, FAST: tl.constexpr):
+    """a / b rounded like IEEE division; FAST: with y = RN(1 / b) and two FMAs (div_known),
+    exact for the tiles the caller checked (see lynx_compress_kernel)."""
+    if FAST:
+        return div_known(a, b, y)
+    else:
+        return tl.math.div_rn(a, b)
+
+
+@triton.jit
+def _encode_rows(xn, mu, sigma, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
+                 tab, probe_ptr, thr_ptr, shift, base0, RS: tl.constexpr, A_BITS: tl.constexpr,
+                 R_BITS: tl.constexpr, BIAS: tl.constexpr, PROBES: tl.constexpr,
+                 A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, SMEM: tl.constexpr):
+    """xn (normalised values, any shape of RS*8), mu / sigma (f16, broadcastable) -> packed
+    codes of the RS groups ``grp`` (stored where ``gm``)."""
+    sg = sigma.to(tl.float32)
+    isg = tl.where(sigma > 0, tl.math.div_rn(tl.full(sg.shape, 1.0, tl.float32), sg), 0.0)
+    # codes only compare |xf| with thresholds >= 5e-8: the FMA division is exact where it
+    # matters (|xc| >= 2**-102) and keeps the sign everywhere; sigma == 0 gives +-0
+    xf = div_known(xn - mu.to(tl.float32), tl.where(sigma > 0, sg, 1.0), isg)
+    af, rf = _split(tl.reshape(xf, [RS, 8]), tab, probe_ptr, thr_ptr, shift, base0, A_BITS,
+                    R_BITS, BIAS, PROBES, RS, SMEM)
+    _pack_store(af, a8_ptr, aw_ptr, codes_off, grp, gm, A_BITS, A_WORDS)
+    _pack_store(rf, r8_ptr, rw_ptr, res_off, grp, gm, R_BITS, R_WORDS)
+
+
+@triton.jit
+def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats, codes_off,
+                   res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr, thr_ptr, shift, base0,
+                   BT: tl.constexpr, G: tl.constexpr, C: tl.constexpr, CS: tl.constexpr,
+                   A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
+                   PROBES: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
+                   MIDRANGE: tl.constexpr, TREE: tl.constexpr, FAST: tl.constexpr,
+                   SMEM: tl.constexpr):
+    """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8] and gmin, scale [G, 8]:
+    chunk statistics, then the strip again in NIT = C / CS steps of [CS, NC, G, 8] (step k
+    holds chunk tokens c = cs * NIT + k), normalised, coded and stored."""
+    NC: tl.constexpr = BT // C
+    NIT: tl.constexpr = C // CS
+    RS: tl.constexpr = CS * NC * G
+    sc = tl.where(scale > 0, scale, 1.0)
+    y = tl.math.div_rn(tl.full(sc.shape, 1.0, tl.float32), sc)
+    lo_n = _div(lo - gmin, sc, y, FAST)  # = min / max of xn over the chunk (xn is monotone)
+    hi_n = _div(hi - gmin, sc, y, FAST)
+    nc = tl.arange(0, NC)
+    j = tl.arange(0, 8)
+    r = tl.arange(0, RS)  # r = (cs * NC + nc) * G + g
+    gr = d0 + (r % G) * 8
+    tr0 = ((r // G) % NC) * C + (r // (G * NC)) * NIT
+    cm = (gr[:, None] + j[None, :]) < D
+    xoff = (gr[:, None] + j[None, :]) * s_d
+    if MIDRANGE:
+        mu, sigma = _stats(lo_n, hi_n, lo_n, lo_n, True)
+    else:  # the chunk sums need every normalised value: the whole strip at once
+        CW: tl.constexpr = CS
+        CR: tl.constexpr = NIT
+        R: tl.constexpr = BT * G
+        ra = tl.arange(0, R)  # ra = ((k * CS + cs) * NC + nc) * G + g: c = cs * NIT + k
+        ta = ((ra // G) % NC) * C + ((ra // (G * NC)) % CS) * NIT + ra // (G * NC * CS)
+        ga = d0 + (ra % G) * 8
+        ma = (ta < tp)[:, None] & ((ga[:, None] + j[None, :]) < D)
+        xa = tl.load(xh + ((body0 + ta) * s_t)[:, None] + (ga[:, None] + j[None, :]) * s_d,
+                     mask=ma, other=0.0)
+        xz = tl.where(tl.reshape(ma, [CR, CW, NC, G, 8]),
+                      _div(tl.reshape(xa, [CR, CW, NC, G, 8]).to(tl.float32) - gmin, sc, y, FAST),
+                      0.0)
+        if TREE:  # reference order: pairs (2i, 2i+1) of c = cs * NIT + k: k first, then cs
+            csum = _tree_channel(xz, CR, CW, NC, G)
+        else:
+            csum = tl.sum(tl.sum(xz, axis=0), axis=0)
+        count = tl.maximum(tl.minimum(tp - nc * C, C), 1).to(tl.float32)[:, None, None]
+        mu, sigma = _stats(lo_n, hi_n, csum, count, False)
+    nct = (tp + C - 1) // C
+    dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]
+    sidx = (h * nct + nc[:, None, None]) * D + dg[None, :, :]
+    smask = (nc < nct)[:, None, None] & (dg < D)[None, :, :]
+    tl.store(stats + sidx, mu, mask=smask)
+    tl.store(stats + H * nct * D + sidx, sigma, mask=smask)
+    for k in range(NIT):
+        tr = tr0 + k
+        m = (tr < tp)[:, None] & cm
+        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=0.0)
+        xn = _div(tl.reshape(xk, [CS, NC, G, 8]).to(tl.float32) - gmin, sc, y, FAST)
+        _encode_rows(xn, mu, sigma, (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D),
+                     a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, tab, probe_ptr, thr_ptr,
+                     shift, base0, RS, A_BITS, R_BITS, BIAS, PROBES, A_WORDS, R_WORDS, SMEM)
+
+
+@triton.jit
+def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes_off, res_off,
+                 a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr, thr_ptr, shift, base0,
+                 BT: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
+                 C: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
+                 BIAS: tl.constexpr, PROBES: tl.constexpr, A_WORDS: tl.constexpr,
+                 R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr, TREE: tl.constexpr,
+                 FAST: tl.constexpr, SMEM: tl.constexpr):
+    """Token axis, given gmin, scale [G, 8]: the strip again, TS tokens at a time as
+    [TS, NCD, GC, 8], normalised; chunk statistics per token, codes, stores."""
+    NCD: tl.constexpr = G // GC
+    CE: tl.constexpr = GC * 8
+    RS: tl.constexpr = TS * G
+    sc = tl.where(scale > 0, scale, 1.0)
+    y = tl.math.div_rn(tl.full(sc.shape, 1.0, tl.float32), sc)
+    gmin4 = tl.reshape(gmin, [1, NCD, GC, 8])
+    sc4 = tl.reshape(sc, [1, NCD, GC, 8])
+    y4 = tl.reshape(y, [1, NCD, GC, 8])
+    j = tl.arange(0, 8)
+    r = tl.arange(0, RS)  # r = t * G + g
+    gr = d0 + (r % G) * 8
+    cm = (gr[:, None] + j[None, :]) < D
+    xoff = (gr[:, None] + j[None, :]) * s_d
+    ts = tl.arange(0, TS)
+    c0 = d0 + tl.arange(0, NCD) * CE  # first channel of each chunk
+    ncd = (D + C - 1) // C
+    for k in range(BT // TS):
+        tr = k * TS + r // G
+        m = (tr < tp)[:, None] & cm
+        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=0.0)
+        m4 = tl.reshape(m, [TS, NCD, GC, 8])
+        xn = _div(tl.reshape(xk, [TS, NCD, GC, 8]).to(tl.float32) - gmin4, sc4, y4, FAST)
+        lo, hi = minmax(xn, m4, 3)
+        lo, hi = tl.reduce((lo, hi), 2, minmax_combine)  # [TS, NCD]
+        if MIDRANGE:
+            mu, sigma = _stats(lo, hi, lo, lo, True)
+        else:
+            xz = tl.where(m4, xn, 0.0)
+            if TREE:
+                csum = _tree_token(xz, TS, NCD, GC)
+            else:
+                csum = tl.sum(tl.sum(xz, axis=3), axis=2)
+            count = tl.maximum(tl.minimum(D - c0, C), 1).to(tl.float32)[None, :]
+            mu, sigma = _stats(lo, hi, csum, count, False)
+        t = k * TS + ts
+        sidx = (h * tp + t[:, None]) * ncd + (c0 // C)[None, :]
+        smask = (t < tp)[:, None] & (c0 < D)[None, :]
+        tl.store(stats + sidx, mu, mask=smask)
+        tl.store(stats + H * tp * ncd + sidx, sigma, mask=smask)
+        _encode_rows(xn, mu[:, :, None, None], sigma[:, :, None, None],
+                     (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
+                     r8_ptr, rw_ptr, codes_off, res_off, tab, probe_ptr, thr_ptr, shift, base0, RS,
+                     A_BITS, R_BITS, BIAS, PROBES, A_WORDS, R_WORDS, SMEM)
 
 
 @triton.jit
@@ -91,14 +330,15 @@ def lynx_compress_kernel(
         aw_ptr,                          # ... as words of A_BITS bytes (A_BITS in 1, 2, 4)
         r8_ptr, rw_ptr,                  # the residual buffer as uint8 / words of R_BITS bytes
         plan_ptr,                        # int64 [num_pages, NF]
-        thr_ptr, bucket_ptr, shift, key_lo,  # this stream's tables (ops/tables.py)
+        probe_ptr, thr_ptr, shift, base0,   # this stream's tables (ops/tables.py)
         H, D, NUM_DT,
-        WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-        C: tl.constexpr, CE: tl.constexpr, BS: tl.constexpr, ES: tl.constexpr,
+        WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
+        C: tl.constexpr, CS: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
+        BS: tl.constexpr, ES: tl.constexpr,
         A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr, PROBES: tl.constexpr,
         MIDRANGE: tl.constexpr, SAFE_MIN: tl.constexpr, A_WORDS: tl.constexpr,
-        R_WORDS: tl.constexpr, TREE: tl.constexpr = True):
-    dt = tl.program_id(0) % NUM_DT  # channel tiles vary fastest: neighbours share input rows
+        R_WORDS: tl.constexpr, SEC: tl.constexpr, NB: tl.constexpr, TREE: tl.constexpr = True):
+    dt = tl.program_id(0) % NUM_DT  # channel strips vary fastest: neighbours share input rows
     page = tl.program_id(0) // NUM_DT
     h = tl.program_id(1)
     row = plan_ptr + page * NF
@@ -106,14 +346,14 @@ def lynx_compress_kernel(
     body0 = tl.load(row + F_BODY0).to(tl.int32)
     tp = tl.load(row + F_NUM_BODY).to(tl.int32)
     ns = tl.load(row + F_NUM_SINK).to(tl.int32)
+    BD: tl.constexpr = G * 8
     d0 = dt * BD
     xh = x_ptr + h * s_h
-    dd = d0 + tl.arange(0, BD)
-    dmask = dd < D
 
     if ns > 0:  # page 0: the exact sink tokens, [H, ns, D] in the KV dtype
         s = tl.arange(0, BS)
-        sm = (s < ns)[:, None] & dmask[None, :]
+        dd = d0 + tl.arange(0, BD)
+        sm = (s < ns)[:, None] & (dd < D)[None, :]
         xs = tl.load(xh + (token0 + s)[:, None] * s_t + dd[None, :] * s_d, mask=sm)
         sink = akv_ptr + tl.load(row + F_SINK + WHICH) // ES
         tl.store(sink + (h * ns + s)[:, None] * D + dd[None, :], xs, mask=sm)
@@ -129,85 +369,94 @@ def lynx_compress_kernel(
                 else:
                     tl.store(r8_ptr + start + o, zero, mask=o < length)
 
-    gamma = akv_ptr + tl.load(row + F_GAMMA + WHICH) // ES
-    stats = a16_ptr + tl.load(row + F_STATS + WHICH) // 2
-    codes_off = tl.load(row + F_CODES + WHICH)
-    res_off = tl.load(row + F_RES + WHICH)
+    gamma = akv_ptr + section(row, F_GAMMA + WHICH, SEC) // ES
+    stats = a16_ptr + section(row, F_STATS + WHICH, SEC) // 2
+    codes_off = section(row, F_CODES + WHICH, SEC)
+    res_off = section(row, F_RES + WHICH, SEC)
+    # Pass 1 reads the strip in steps of [RS, 8] (row r: a group of 8 consecutive channels of
+    # one token; only the last axis is contiguous, so every Triton version lays it out alike:
+    # 8 values per thread, rows across lanes, then warps) and keeps element-wise min / max
+    # (and the smallest nonzero |x|); pass 2 reads it again (L1 / L2 hits) to code it.
+    j = tl.arange(0, 8)
     if not TOKEN_AXIS:
-        # [NC, C, BD]: chunk c holds tokens c*C .. c*C + C - 1 of each channel
         NC: tl.constexpr = BT // C
-        c = tl.arange(0, NC)
-        t3 = (c[:, None] * C + tl.arange(0, C)[None, :])[:, :, None]
-        m3 = (t3 < tp) & dmask[None, None, :]
-        x = tl.load(xh + (body0 + t3) * s_t + dd[None, None, :] * s_d, mask=m3,
-                    other=0.0).to(tl.float32)
-        gmin, gmax, tiny = minmax_tiny(x, m3, 1)
-        gmin, gmax, tiny = tl.reduce((gmin, gmax, tiny), 0, _min_max_min)
-        xn = _normalise(x, gmin[None, None, :], (gmax - gmin)[None, None, :],
-                        tiny[None, None, :], dmask.to(tl.int32)[None, None, :], SAFE_MIN)
-        xn = tl.where(m3, xn, 0.0)
-        if MIDRANGE:
-            lo, hi = minmax(xn, m3, 1)
-            mu = ((hi + lo) * 0.5).to(tl.float16)  # * 0.5 == / 2 exactly
-        else:
-            count = tl.maximum(tl.minimum(tp - c * C, C), 1).to(tl.float32)
-            csum = tree_sum_mid(xn, NC, C, BD) if TREE else tl.sum(xn, axis=1)
-            mu = tl.math.div_rn(csum, count[:, None]).to(tl.float16)
-        xc = xn - mu.to(tl.float32)[:, None, :]
-        sigma = tl.max(tl.where(m3, tl.abs(xc), 0.0), axis=1).to(tl.float16)
-        sg = tl.where(sigma > 0, sigma.to(tl.float32), 1.0)
-        # codes only compare |xf| with thresholds >= 5e-8: the FMA division is exact where it
-        # matters (|xc| >= 2**-102) and keeps the sign everywhere
-        xf = tl.where((sigma > 0)[:, None, :],
-                      div_known(xc, sg[:, None, :], tl.math.div_rn(tl.full(sg.shape, 1.0, tl.float32), sg)[:, None, :]),
-                      0.0)
-        nct = (tp + C - 1) // C
-        sidx = (h * nct + c[:, None]) * D + dd[None, :]
-        smask = (c < nct)[:, None] & dmask[None, :]
-        tl.store(stats + sidx, mu, mask=smask)
-        tl.store(stats + H * nct * D + sidx, sigma, mask=smask)
-        t = tl.arange(0, BT)
-        _codes_and_pack(tl.reshape(xf, [BT, BD]), BT, BD, t, t < tp, h, tp, D, d0, codes_off,
-                        res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, thr_ptr, bucket_ptr, shift,
-                        key_lo, A_BITS, R_BITS, BIAS, PROBES, A_WORDS, R_WORDS)
+        NIT: tl.constexpr = C // CS
+        RS: tl.constexpr = CS * NC * G
+        r = tl.arange(0, RS)  # r = (cs * NC + nc) * G + g: chunk token c = cs * NIT + k
+        tr0 = ((r // G) % NC) * C + (r // (G * NC)) * NIT
     else:
-        # [BT, NCD, CE]: chunk (t, cd) holds head_dim values d0 + cd*CE .. of token t
-        NCD: tl.constexpr = BD // CE
-        t = tl.arange(0, BT)
-        cd = tl.arange(0, NCD)
-        d3 = (d0 + cd[:, None] * CE + tl.arange(0, CE)[None, :])[None, :, :]
-        tm3 = (t < tp)[:, None, None]
-        m3 = tm3 & (d3 < D)
-        x = tl.load(xh + (body0 + t)[:, None, None] * s_t + d3 * s_d, mask=m3,
-                    other=0.0).to(tl.float32)
-        gmin, gmax, tiny = minmax_tiny(x, m3, 0)  # [NCD, CE]
-        xn = _normalise(x, gmin[None, :, :], (gmax - gmin)[None, :, :], tiny[None, :, :],
-                        (d3 < D).to(tl.int32), SAFE_MIN)
-        xn = tl.where(m3, xn, 0.0)
-        c0 = d0 + cd * CE  # first head_dim index of each chunk
-        if MIDRANGE:
-            lo, hi = minmax(xn, m3, 2)
-            mu = ((hi + lo) * 0.5).to(tl.float16)
+        RS: tl.constexpr = TS * G
+        NIT: tl.constexpr = BT // TS
+        r = tl.arange(0, RS)  # r = t * G + g
+        tr0 = r // G
+    gr = d0 + (r % G) * 8
+    cm = (gr[:, None] + j[None, :]) < D
+    xoff = (gr[:, None] + j[None, :]) * s_d
+    lo = tl.full([RS, 8], float("inf"), tl.float32)
+    hi = tl.full([RS, 8], float("-inf"), tl.float32)
+    tiny = tl.full([RS, 8], float("inf"), tl.float32)
+    for k in tl.static_range(NIT):
+        if not TOKEN_AXIS:
+            tr = tr0 + k
         else:
-            count = tl.maximum(tl.minimum(D - c0, C), 1).to(tl.float32)
-            csum = tree_sum_last(xn, BT, NCD, CE) if TREE else tl.sum(xn, axis=2)
-            mu = tl.math.div_rn(csum, count[None, :]).to(tl.float16)
-        xc = xn - mu.to(tl.float32)[:, :, None]
-        sigma = tl.max(tl.where(m3, tl.abs(xc), 0.0), axis=2).to(tl.float16)
-        sg = tl.where(sigma > 0, sigma.to(tl.float32), 1.0)
-        xf = tl.where((sigma > 0)[:, :, None],
-                      div_known(xc, sg[:, :, None], tl.math.div_rn(tl.full(sg.shape, 1.0, tl.float32), sg)[:, :, None]),
-                      0.0)
-        ncd = (D + C - 1) // C
-        sidx = (h * tp + t[:, None]) * ncd + (c0 // C)[None, :]
-        smask = (t < tp)[:, None] & (c0 < D)[None, :]
-        tl.store(stats + sidx, mu, mask=smask)
-        tl.store(stats + H * tp * ncd + sidx, sigma, mask=smask)
-        gmin = tl.reshape(gmin, [BD])
-        gmax = tl.reshape(gmax, [BD])
-        _codes_and_pack(tl.reshape(xf, [BT, BD]), BT, BD, t, t < tp, h, tp, D, d0, codes_off,
-                        res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, thr_ptr, bucket_ptr, shift,
-                        key_lo, A_BITS, R_BITS, BIAS, PROBES, A_WORDS, R_WORDS)
+            tr = tr0 + k * TS
+        m = (tr < tp)[:, None] & cm
+        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=0.0).to(tl.float32)
+        lo = tl.minimum(lo, tl.where(m, xk, float("inf")))
+        hi = tl.maximum(hi, tl.where(m, xk, float("-inf")))
+        if SAFE_MIN > 0:
+            ax = tl.abs(xk)
+            tiny = tl.minimum(tiny, tl.where(ax > 0, ax, float("inf")))  # masked: 0
+    if not TOKEN_AXIS:  # chunk min / max [NC, G, 8], then over the chunks
+        lo, hi, tiny = tl.reduce((tl.reshape(lo, [CS, NC, G, 8]), tl.reshape(hi, [CS, NC, G, 8]),
+                                  tl.reshape(tiny, [CS, NC, G, 8])), 0, _min_max_min)
+        gmin, gmax, tiny = tl.reduce((lo, hi, tiny), 0, _min_max_min)  # [G, 8]
+    else:
+        gmin, gmax, tiny = tl.reduce((tl.reshape(lo, [TS, G, 8]), tl.reshape(hi, [TS, G, 8]),
+                                      tl.reshape(tiny, [TS, G, 8])), 0, _min_max_min)
+    scale = gmax - gmin
+    # The division by the page scale takes the FMA path (div_known) when the whole strip is
+    # safe for it: nonzero |x| >= SAFE_MIN (so nonzero x - gmin >= 2**-102: 2**-95 for
+    # bfloat16, 2**-79 for float32 inputs, any float16) and scale <= 2**24 (normal
+    # quotients); else (never on real KV) IEEE division. Each branch does all its stores.
+    ok = scale <= 16777216.0
+    if SAFE_MIN > 0:
+        ok = ok & (tiny >= SAFE_MIN)
+    # the probe table: in registers (-> shared memory for tl.gather) when small
+    SMEM: tl.constexpr = NB <= 2048
+    if SMEM:
+        tab = tl.load(probe_ptr + tl.arange(0, NB))
+    else:
+        tab = probe_ptr
+    if tl.min(ok.to(tl.int32)) == 1:
+        if not TOKEN_AXIS:
+            _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats,
+                           codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr,
+                           thr_ptr, shift, base0, BT, G, C, CS, A_BITS, R_BITS, BIAS, PROBES,
+                           A_WORDS, R_WORDS, MIDRANGE, TREE, True, SMEM)
+        else:
+            _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes_off,
+                         res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr, thr_ptr, shift,
+                         base0, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, PROBES, A_WORDS,
+                         R_WORDS, MIDRANGE, TREE, True, SMEM)
+    else:
+        if not TOKEN_AXIS:
+            _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats,
+                           codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr,
+                           thr_ptr, shift, base0, BT, G, C, CS, A_BITS, R_BITS, BIAS, PROBES,
+                           A_WORDS, R_WORDS, MIDRANGE, TREE, False, SMEM)
+        else:
+            _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes_off,
+                         res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr, thr_ptr, shift,
+                         base0, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, PROBES, A_WORDS,
+                         R_WORDS, MIDRANGE, TREE, False, SMEM)
     gdt = akv_ptr.dtype.element_ty
-    tl.store(gamma + h * D + dd, gmin.to(gdt), mask=dd < tl.minimum(tp, 1) * D)
-    tl.store(gamma + H * D + h * D + dd, gmax.to(gdt), mask=dd < tl.minimum(tp, 1) * D)
+    dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]
+    gmask = dg < tl.minimum(tp, 1) * D  # no gamma for a page without body tokens
+    tl.store(gamma + h * D + dg, gmin.to(gdt), mask=gmask)
+    tl.store(gamma + H * D + h * D + dg, gmax.to(gdt), mask=gmask)
+
+
+@triton.jit
+def _min_max_min(a_lo, a_hi, a_t, b_lo, b_hi, b_t):
+    return tl.minimum(a_lo, b_lo), tl.maximum(a_hi, b_hi), tl.minimum(a_t, b_t)

@@ -1,7 +1,7 @@
 """Time launch variants of the Lynx Triton kernels on one GPU: ``python -m lynx_npu.gpu.tune``.
 
-For each variant (tile width BD, tokens per decompress program TB, num_warps, and for compress
-the chunk-sum order) it times compress / decompress_full / decompress_anchor on the benchmark
+For each variant (strip width BD, tokens per decompress program TB, num_warps, and for
+compress the chunk-sum order) it times compress / decompress_full / decompress_anchor on the benchmark
 KV (K and V of [256, 16384, 128] bf16, 2.15 GB), checks that the bytes (or values) equal the
 default variant's, and prints effective GB/s against the device copy. ``--json`` writes it all.
 """
@@ -19,12 +19,12 @@ from lynx_npu.eval.bench_kernels import _time, synthetic_kv
 
 from . import launch
 
-COMPRESS = [dict(BD=16, num_warps=4), dict(BD=32, num_warps=4), dict(BD=16, num_warps=8),
-            dict(BD=8, num_warps=2), dict(BD=32, num_warps=8)]
-# TB: tokens per program on the token axis; BD: channels per program on the channel axis.
-DECOMPRESS = [dict(TB=64, BD=64, num_warps=2), dict(TB=128, BD=128, num_warps=4),
-              dict(TB=64, BD=128, num_warps=2), dict(TB=32, BD=64, num_warps=1),
-              dict(TB=128, BD=64, num_warps=4)]
+# BD: channels per program (a strip of all the page's tokens); RPT: groups of 8 values per
+# thread per step.
+COMPRESS = [dict(BD=32, num_warps=4), dict(BD=32, num_warps=4, RPT=2), dict(BD=16, num_warps=4),
+            dict(BD=32, num_warps=8), dict(BD=64, num_warps=4), dict(BD=16, num_warps=2)]
+# TB: tokens per program (all head_dim channels; at most the chunk on the channel axis).
+DECOMPRESS = [dict(TB=32, num_warps=4), dict(TB=16, num_warps=2), dict(TB=8, num_warps=1)]
 
 
 def main(argv=None) -> int:
@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     print(f"device {torch.cuda.get_device_name()}, copy {copy:.0f} GB/s", flush=True)
     base = None
     for var in COMPRESS:
-        launch.TUNING["compress"].update({"BD": None, "num_warps": None, "TREE": True, **var})
+        launch.TUNING["compress"].update({"BD": None, "num_warps": None, "RPT": None, "TREE": True,
+                                           **var})
         a, r = ops.compress(k, v, cfg, backend="triton")
         if base is None:
             base = (a, r)
@@ -63,11 +64,11 @@ def main(argv=None) -> int:
         gbps = (kv_bytes + a.numel() + r.numel()) / sec / 1e9
         rows.append({"op": "compress", **var, "gbps": gbps, "same_bytes": same})
         print(f"compress {var}: {gbps:.0f} GB/s ({gbps / copy:.0%}), same bytes {same}", flush=True)
-    launch.TUNING["compress"].update({"BD": None, "num_warps": None, "TREE": True})
+    launch.TUNING["compress"].update({"BD": None, "num_warps": None, "RPT": None, "TREE": True})
     a, r = base
     ref = None
     for var in DECOMPRESS:
-        launch.TUNING["decompress"].update({"TB": None, "BD": None, "num_warps": None, **var})
+        launch.TUNING["decompress"].update({"TB": None, "num_warps": None, **var})
         for op, res in (("decompress_full", r), ("decompress_anchor", None)):
             out = ops.decompress(a, res, cfg, k.shape, k.dtype, backend="triton")
             key = op
