@@ -45,6 +45,10 @@ class OpsPageDecoder:
             anchor, residual = anchor[:lay.anchor_nbytes], anchor[lay.anchor_nbytes:]
         elif self._codec.name == "lynx-int4":
             residual = None
+        else:  # the split codec's pages may carry scalar previews: to the kernel layout
+            anchor, residual, _ = self._codec.kernel_page(
+                anchor, residual, token_start, token_end, num_kv_heads=num_kv_heads,
+                head_dim=head_dim, dtype=dtype)
         return ops.decompress_page(anchor, residual, cfg, token_start, token_end,
                                    num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
 

@@ -1,15 +1,17 @@
 """The Lynx codecs: ``lynx`` (split anchor + residual), ``lynx-int4`` (anchor only) and
-``lynx-int8`` (both halves as one stream). Byte layout: lynx_layout.py; math: lynx_ref.py."""
+``lynx-int8`` (both halves as one stream). Byte layout: lynx_layout.py; math: lynx_ref.py;
+scalar previews (``get_codec("lynx")``'s default): lynx_stream.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from . import lynx_ref
+from . import lynx_ref, lynx_stream
 from .base import Codec, Encoded, EncodedPage, validate_kv
 from .lynx_config import LynxConfig, make_config
-from .lynx_layout import SCALAR_DTYPE, PageLayout, PageSpan, page_layout, page_spans
+from .lynx_layout import (SCALAR_DTYPE, PageLayout, PageSpan, page_layout, page_spans,
+                          stream_layout)
 from .packing import pack_bits, packed_nbytes, unpack_bits
 from .registry import register_codec
 
@@ -73,7 +75,7 @@ class LynxCodec(Codec):
         validate_kv(k, v)
         anchors, residuals = [], []
         for pages, spans in self._blocks(k.shape[1]):
-            a, r = self._encode_block(k, v, spans)
+            a, r = self._encode_stream(k, v, spans)
             anchors.append(a.reshape(-1))
             residuals.append(r.reshape(-1))
         return self._wrap(tuple(k.shape), k.dtype, torch.cat(anchors), torch.cat(residuals))
@@ -84,14 +86,16 @@ class LynxCodec(Codec):
     def decode(self, enc: EncodedLynx, stage: str = "full"):
         enc.check_stage(stage)
         h, t, d = enc.shape
-        use_res = stage == "full"
+        anchor, residual = self.layer_from_stream(
+            enc.anchor, enc.residual if stage == "full" else None, enc.shape, enc.dtype)
         ks, vs = [], []
         a_off = r_off = 0
         for pages, spans in self._blocks(t):
             lay = self._layout(h, d, enc.dtype, spans[0])
             n = len(spans)
-            a = enc.anchor[a_off:a_off + n * lay.anchor_nbytes].view(n, -1)
-            r = enc.residual[r_off:r_off + n * lay.residual_nbytes].view(n, -1) if use_res else None
+            a = anchor[a_off:a_off + n * lay.anchor_nbytes].view(n, -1)
+            r = residual[r_off:r_off + n * lay.residual_nbytes].view(n, -1) \
+                if residual is not None else None
             a_off += n * lay.anchor_nbytes
             r_off += n * lay.residual_nbytes
             kb, vb = self._decode_block(a, r, lay, h, d, enc.dtype)
@@ -99,27 +103,70 @@ class LynxCodec(Codec):
             vs.append(vb)
         return torch.cat(ks, dim=1), torch.cat(vs, dim=1)
 
+    # -- kernel layout <-> streams (differ only with scalar_preview) ---------------------------
+    def layer_to_stream(self, anchor, residual, shape, dtype):
+        """A layer's kernel-layout buffers (lynx_npu.ops.compress) -> this codec's streams."""
+        return self._relayout(anchor, residual, shape, dtype, lynx_stream.to_stream, True)
+
+    def layer_from_stream(self, anchor, residual, shape, dtype):
+        """This codec's streams (residual None: anchor stage) -> kernel-layout buffers."""
+        return self._relayout(anchor, residual, shape, dtype, lynx_stream.from_stream, False)
+
+    def _relayout(self, anchor, residual, shape, dtype, convert, to_stream: bool):
+        if not self.config.scalar_preview:
+            return anchor, residual
+        h, t, d = shape
+        a_out, r_out, a_off, r_off = [], [], 0, 0
+        for n, spans in self._blocks(t):
+            lay = self._layout(h, d, dtype, spans[0])
+            slay = self._stream_layout(h, d, dtype, spans[0])
+            src = slay if not to_stream else lay
+            a = anchor[a_off:a_off + n * src.anchor_nbytes].view(n, -1)
+            r = residual[r_off:r_off + n * src.residual_nbytes].view(n, -1) \
+                if residual is not None else None
+            a_off += n * src.anchor_nbytes
+            r_off += n * src.residual_nbytes
+            a, r = convert(a, r, lay, slay)
+            a_out.append(a.reshape(-1))
+            if r is not None:
+                r_out.append(r.reshape(-1))
+        return torch.cat(a_out), torch.cat(r_out) if residual is not None else None
+
     # -- pages (the transport's unit) ---------------------------------------------------------
     def encode_pages(self, k: torch.Tensor, v: torch.Tensor) -> list[EncodedPage]:
         validate_kv(k, v)
         out = []
         for pages, spans in self._blocks(k.shape[1]):
-            a, r = self._encode_block(k, v, spans)
+            a, r = self._encode_stream(k, v, spans)
             out += [EncodedPage(s.index, s.token_start, s.token_end, a[j], r[j])
                     for j, s in enumerate(spans)]
         return out
 
     def decode_page(self, anchor, residual, token_start, token_end, *, num_kv_heads, head_dim,
                     dtype):
+        anchor, residual, lay = self.kernel_page(anchor, residual, token_start, token_end,
+                                                 num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                                 dtype=dtype)
+        return self._decode_block(anchor.view(1, -1), None if residual is None
+                                  else residual.view(1, -1), lay, num_kv_heads, head_dim, dtype)
+
+    def kernel_page(self, anchor, residual, token_start, token_end, *, num_kv_heads, head_dim,
+                    dtype):
+        """Check one received page's buffers and return them in the kernel layout (what
+        lynx_npu.ops decompresses) with that layout; without the residual, scalar previews
+        are expanded in place of the exact scalars."""
         ns = min(self.config.num_sink_tokens, token_end) if token_start == 0 else 0
         span = PageSpan(-1, token_start, token_end, token_start + ns, ns)
         lay = self._layout(num_kv_heads, head_dim, dtype, span)
-        _check_len("anchor", anchor, lay.anchor_nbytes)
+        slay = self._stream_layout(num_kv_heads, head_dim, dtype, span)
+        _check_len("anchor", anchor, slay.anchor_nbytes)
         if residual is not None:
-            _check_len("residual", residual, lay.residual_nbytes)
-            residual = residual.view(1, -1)
-        k, v = self._decode_block(anchor.view(1, -1), residual, lay, num_kv_heads, head_dim, dtype)
-        return k, v
+            _check_len("residual", residual, slay.residual_nbytes)
+        if slay is not lay:
+            a, r = lynx_stream.from_stream(anchor.view(1, -1), None if residual is None
+                                           else residual.view(1, -1), lay, slay)
+            anchor, residual = a[0], None if r is None else r[0]
+        return anchor, residual, lay
 
     # -- internals ----------------------------------------------------------------------------
     def _blocks(self, num_tokens: int):
@@ -136,6 +183,16 @@ class LynxCodec(Codec):
 
     def _layout(self, h: int, d: int, dtype, span: PageSpan) -> PageLayout:
         return page_layout(self.config, h, d, dtype, span.num_tokens, span.num_sink)
+
+    def _stream_layout(self, h: int, d: int, dtype, span: PageSpan) -> PageLayout:
+        return stream_layout(self.config, h, d, dtype, span.num_tokens, span.num_sink)
+
+    def _encode_stream(self, k, v, spans: list[PageSpan]):
+        a, r = self._encode_block(k, v, spans)
+        h, _, d = k.shape
+        lay = self._layout(h, d, k.dtype, spans[0])
+        slay = self._stream_layout(h, d, k.dtype, spans[0])
+        return (a, r) if slay is lay else lynx_stream.to_stream(a, r, lay, slay)
 
     def _encode_block(self, k, v, spans: list[PageSpan]):
         h, _, d = k.shape
@@ -194,6 +251,10 @@ class LynxInt4Codec(LynxCodec):
     name = "lynx-int4"
     stages = ("anchor",)
 
+    def __init__(self, preset: str | None = None, **overrides):
+        super().__init__(preset, **overrides)
+        _no_preview(self)
+
     def _wrap(self, shape, dtype, anchor, residual) -> EncodedLynx:
         return EncodedLynx(shape, dtype, self.stages, self.config, anchor, None)
 
@@ -211,6 +272,10 @@ class LynxInt8Codec(LynxCodec):
     name = "lynx-int8"
     stages = ("full",)
 
+    def __init__(self, preset: str | None = None, **overrides):
+        super().__init__(preset, **overrides)
+        _no_preview(self)
+
     def encode_pages(self, k, v):
         return [EncodedPage(p.index, p.token_start, p.token_end,
                             torch.cat([p.anchor, p.residual]), None)
@@ -226,7 +291,20 @@ class LynxInt8Codec(LynxCodec):
                                    head_dim=head_dim, dtype=dtype)
 
 
-register_codec("lynx", LynxCodec)
+def _no_preview(codec: LynxCodec) -> None:
+    if codec.config.scalar_preview:
+        raise ValueError(f"{codec.name} sends one stream: scalar_preview=True needs the split "
+                         f"codec 'lynx'")
+
+
+def _split_codec(preset: str | None = None, **overrides) -> LynxCodec:
+    """``get_codec("lynx")``: the split codec with scalar previews on (the paper preset keeps
+    its literal anchor); ``LynxCodec()`` itself defaults to the kernel layout."""
+    overrides.setdefault("scalar_preview", preset in (None, "default"))
+    return LynxCodec(preset, **overrides)
+
+
+register_codec("lynx", _split_codec)
 register_codec("lynx-int4", LynxInt4Codec)
 register_codec("lynx-int8", LynxInt8Codec)
 

@@ -12,6 +12,11 @@ anchor:   k_codes, v_codes   anchor codes of [H, Tp, D] in row-major order, pack
           k_sink, v_sink     [H, num_sink, D] in the KV dtype, page 0 only
 residual: k_res, v_res       residual codes of [H, Tp, D], packed
 
+That is the *kernel* layout (``page_layout``), which every backend of lynx_npu.ops reads and
+writes. With ``scalar_preview`` the streams carry the page differently (``stream_layout``):
+the anchor's k_stats / v_stats become k_preview / v_preview ([2, num_chunks] uint8, one byte per
+scalar; lynx_stream.py) and the exact k_stats / v_stats follow the residual codes.
+
 Chunk order: axis "channel" (C tokens of one channel) -> [H, ceil(Tp/C), D];
 axis "token" (C head_dim values of one token) -> [H, Tp, ceil(D/C)]. The last chunk of a
 ragged page or head_dim is short; no padding values enter any statistic.
@@ -79,6 +84,10 @@ def _sections(sizes: list[tuple[str, int]]) -> tuple[tuple[Section, ...], int]:
 @functools.lru_cache(maxsize=4096)
 def page_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.dtype,
                 num_tokens: int, num_sink: int) -> PageLayout:
+    """The kernel layout of one page (the same whatever ``cfg.scalar_preview``)."""
+    if cfg.scalar_preview:
+        return page_layout(cfg.replace(scalar_preview=False), num_heads, head_dim, dtype,
+                           num_tokens, num_sink)
     n = num_heads * num_tokens * head_dim
     es = _itemsize(dtype)
     gamma = 2 * num_heads * head_dim * es if num_tokens else 0
@@ -93,6 +102,27 @@ def page_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.dty
         anchor += [("k_sink", sink), ("v_sink", sink)]
     residual = [("k_res", packed_nbytes(n, cfg.residual_bits)),
                 ("v_res", packed_nbytes(n, cfg.residual_bits))]
+    a, a_n = _sections(anchor)
+    r, r_n = _sections(residual)
+    return PageLayout(num_tokens, num_sink, a, r, a_n, r_n)
+
+
+@functools.lru_cache(maxsize=4096)
+def stream_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.dtype,
+                  num_tokens: int, num_sink: int) -> PageLayout:
+    """One page as the anchor and residual streams carry it: the kernel layout, or with
+    ``scalar_preview`` one byte per chunk scalar in the anchor and the exact ones in the
+    residual (sections in the same order otherwise, so only the stats move)."""
+    kernel = page_layout(cfg, num_heads, head_dim, dtype, num_tokens, num_sink)
+    if not cfg.scalar_preview:
+        return kernel
+    anchor, residual = [], [(s.name, s.nbytes) for s in kernel.residual]
+    for s in kernel.anchor:
+        if s.name.endswith("_stats"):
+            anchor.append((s.name[0] + "_preview", s.nbytes // _itemsize(SCALAR_DTYPE)))
+            residual.append((s.name, s.nbytes))
+        else:
+            anchor.append((s.name, s.nbytes))
     a, a_n = _sections(anchor)
     r, r_n = _sections(residual)
     return PageLayout(num_tokens, num_sink, a, r, a_n, r_n)

@@ -35,6 +35,7 @@ class OpsLynxCodec:
 
         validate_kv(k, v)
         anchor, residual = ops.compress(k, v, self.config, backend=self.backend)
+        anchor, residual = self.codec.layer_to_stream(anchor, residual, k.shape, k.dtype)
         # The one-stream lynx-int8 keeps both halves; lynx-int4 sends the anchor alone.
         keep_residual = "full" in self.stages
         return EncodedLynx(tuple(k.shape), k.dtype, self.stages, self.config, anchor,
@@ -44,8 +45,9 @@ class OpsLynxCodec:
         from lynx_npu import ops
 
         enc.check_stage(stage)
-        residual = enc.residual if stage == "full" else None
-        return ops.decompress(enc.anchor, residual, self.config, enc.shape, enc.dtype,
+        anchor, residual = self.codec.layer_from_stream(
+            enc.anchor, enc.residual if stage == "full" else None, enc.shape, enc.dtype)
+        return ops.decompress(anchor, residual, self.config, enc.shape, enc.dtype,
                               backend=self.backend)
 
 

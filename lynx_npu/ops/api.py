@@ -6,8 +6,10 @@
     decompress_paged(anchor, residual, cfg, T, kv_cache, slot_mapping, "vllm_cpu")
     k, v = decompress_page(a_page, r_page, cfg, t0, t1, num_kv_heads=H, head_dim=D, dtype=dt)
 
-``anchor`` / ``residual`` are uint8 buffers byte-identical to ``LynxCodec(cfg).encode(k, v)``:
-every page's buffer back to back (page plans: ops/plan.py). Pages are independent, so the
+``anchor`` / ``residual`` are uint8 buffers byte-identical to ``LynxCodec(cfg).encode(k, v)``
+with ``scalar_preview`` off (the kernel layout, codec/lynx_layout.py): every page's buffer back
+to back (page plans: ops/plan.py). The codec's scalar-preview streams convert to and from it
+with ``LynxCodec.layer_to_stream`` / ``layer_from_stream`` (pages: ``kernel_page``). Pages are independent, so the
 transport can decompress each page as it lands (``decompress_page*``). The backend follows the
 tensors' device (ops/backends.py); pass ``backend=`` or set ``LYNX_BACKEND`` to force one.
 """

@@ -22,7 +22,8 @@ def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:
 
 
 def _codec(cfg) -> LynxCodec:
-    return LynxCodec(**dataclasses.asdict(cfg))
+    # ops buffers are the kernel layout: scalar previews are the codec's stream format only
+    return LynxCodec(**dataclasses.asdict(cfg.replace(scalar_preview=False)))
 
 
 def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan):

@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 import lynx_npu
 from lynx_npu.codec import lynx_ref, lynx_tables
 from lynx_npu.codec.lynx_config import LynxConfig
-from lynx_npu.codec.lynx_layout import page_layout, page_spans
+from lynx_npu.codec.lynx_layout import stream_layout, page_layout, page_spans
 
 from .lynx_oracle import oracle_quantize
 
@@ -87,7 +87,7 @@ def test_ragged_roundtrip_and_sizes(tokens, dtype):
     enc = codec.encode(k, v)
     cfg = codec.config
     spans = page_spans(cfg, tokens)
-    lays = [page_layout(cfg, 3, 64, dtype, s.num_tokens, s.num_sink) for s in spans]
+    lays = [stream_layout(cfg, 3, 64, dtype, s.num_tokens, s.num_sink) for s in spans]
     assert enc.nbytes("anchor") == sum(lay.anchor_nbytes for lay in lays)
     assert enc.nbytes("full") == enc.nbytes("anchor") + sum(lay.residual_nbytes for lay in lays)
     ka, va = codec.decode(enc, "anchor")
@@ -149,25 +149,69 @@ def test_deterministic():
 
 
 def test_anchor_wire_budget_at_4k_tokens():
-    """Anchor codes + every scalar + sinks stay within 5.25 bits per value (issue 2)."""
-    codec = lynx_npu.get_codec("lynx")
+    """Anchor codes + every scalar + sinks stay within 5.25 bits per value (issue 2), and
+    within 4.75 with scalar previews (INT4 with per-token scales is 4.5)."""
     k, v = kv(h=3, t=4096, d=64)
-    enc = codec.encode(k, v)
-    assert enc.bits_per_value("anchor") <= 5.25
-    assert enc.bits_per_value("full") <= 9.25
+    enc = lynx_npu.get_codec("lynx").encode(k, v)
+    assert enc.bits_per_value("anchor") <= 4.75
+    assert enc.bits_per_value("full") <= 9.75
+    exact = lynx_npu.get_codec("lynx", scalar_preview=False).encode(k, v)
+    assert exact.bits_per_value("anchor") <= 5.25
+    assert exact.bits_per_value("full") <= 9.25
+    # previews move 2 of every 4 scalar bytes from the anchor; the residual takes all 4
+    moved = exact.nbytes("anchor") - enc.nbytes("anchor")
+    assert moved > 0 and enc.nbytes("full") - exact.nbytes("full") == pytest.approx(moved, rel=0.01)
 
 
 def test_variants_share_the_bytes():
     k, v = kv(t=300)
-    full = lynx_npu.get_codec("lynx").encode(k, v)
+    full = lynx_npu.get_codec("lynx", scalar_preview=False).encode(k, v)
     int4 = lynx_npu.get_codec("lynx-int4").encode(k, v)
     int8 = lynx_npu.get_codec("lynx-int8").encode(k, v)
     assert int4.nbytes("anchor") == full.nbytes("anchor")
     assert int8.nbytes("full") == full.nbytes("full")
     assert torch.equal(lynx_npu.get_codec("lynx-int4").decode(int4, "anchor")[0],
-                       lynx_npu.get_codec("lynx").decode(full, "anchor")[0])
+                       lynx_npu.get_codec("lynx", scalar_preview=False).decode(full, "anchor")[0])
     with pytest.raises(ValueError, match="stage"):
         lynx_npu.get_codec("lynx-int4").decode(int4, "full")
+    with pytest.raises(ValueError, match="scalar_preview=True needs the split codec"):
+        lynx_npu.get_codec("lynx-int8", scalar_preview=True)
+
+
+@pytest.mark.parametrize("tokens", [5, 300, 1000])
+def test_scalar_previews_change_the_anchor_stage_only(tokens):
+    """get_codec("lynx") sends 8-bit previews of mu / sigma first: the full stage is bit for
+    bit the one-stream lynx-int8's, the anchor stage is close to the exact-scalar anchor."""
+    k, v = kv(t=tokens, seed=tokens)
+    split = lynx_npu.get_codec("lynx")
+    assert split.config.scalar_preview
+    assert not lynx_npu.get_codec("lynx", preset="paper").config.scalar_preview
+    enc = split.encode(k, v)
+    int8 = lynx_npu.get_codec("lynx-int8")
+    exact = lynx_npu.get_codec("lynx", scalar_preview=False)
+    enc_exact = exact.encode(k, v)
+    for x, y in zip(split.decode(enc, "full"), int8.decode(int8.encode(k, v), "full")):
+        assert torch.equal(x, y)
+    # the exact streams come back from the preview streams, byte for byte
+    a, r = split.layer_from_stream(enc.anchor, enc.residual, k.shape, k.dtype)
+    assert torch.equal(a, enc_exact.anchor) and torch.equal(r, enc_exact.residual)
+    a2, r2 = split.layer_to_stream(a, r, k.shape, k.dtype)
+    assert torch.equal(a2, enc.anchor) and torch.equal(r2, enc.residual)
+    err = [(xa.float() - x.float()).pow(2).mean() for xa, x in
+           zip(split.decode(enc, "anchor") + exact.decode(enc_exact, "anchor"), (k, v, k, v))]
+    assert err[0] <= 1.2 * err[2] and err[1] <= 1.2 * err[3]
+
+
+def test_scalar_previews_bound_their_error():
+    from lynx_npu.codec.lynx_stream import expand, preview
+    mu = torch.rand(4096)
+    sigma = torch.cat([torch.zeros(1), torch.exp2(-14 * torch.rand(4095))])
+    stats = torch.stack([mu, sigma]).half()
+    back = expand(preview(stats)).float()
+    s = stats.float()
+    assert (back[0] - s[0]).abs().max() <= 1 / 510 + 1e-3 * 2 ** -10   # + f16 rounding
+    assert back[1][0] == 0
+    assert ((back[1][1:] / s[1][1:]) - 1).abs().max() <= 0.021
 
 
 def test_paper_preset_keeps_literal_axes():
