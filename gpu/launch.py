@@ -26,11 +26,11 @@ NAME = "triton"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_TILE = 16384      # values per program (registers)
 MAX_PAGE = 1024
-# Inputs whose nonzero |x| are all >= this take the FMA division (see lynx_compress.py).
-SAFE_MIN = {torch.float16: 0.0, torch.bfloat16: 2.0 ** -95, torch.float32: 2.0 ** -79}
+# Channels whose page min has |gmin| >= this take the FMA division (see lynx_compress.py).
+SAFE_MIN = {torch.float16: 0.0, torch.bfloat16: 2.0 ** -77, torch.float32: 2.0 ** -77}
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
 TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True},
-          "decompress": {"TB": None, "num_warps": None}}
+          "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None}}
 
 
 def _pow2(n: int) -> int:
@@ -45,9 +45,10 @@ def _blocks(cfg, head_dim: int, which: str) -> dict:
     c = cfg.chunk_size
     token = cfg.axis(which) == "token"
     tune = TUNING["compress"]
-    # Measured on an H100 (docs/benchmarks.md): 32-channel strips, 4 warps, one group of 8
+    # Measured on an H100 (docs/benchmarks.md, python -m lynx_npu.gpu.tune): 64-channel strips
+    # (32 where the page is longer than 256 tokens, as before), 4 warps, one group of 8
     # values per thread per step.
-    bd = tune["BD"] or max(8, min(32, _pow2(head_dim)))
+    bd = tune["BD"] or max(8, min(64 if bt <= 256 else 32, _pow2(head_dim)))
     ce = min(c, _pow2(head_dim))
     if token:
         bd = max(bd, ce)
@@ -190,7 +191,13 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
     bs_shift = bs.bit_length() - 1 if bs & (bs - 1) == 0 else -1
     for wi, (which, tgt) in enumerate((("k", dest.k), ("v", dest.v))):
         blk = _decode_blocks(cfg, plan.head_dim, which)
-        grid = (plan.num_pages * blk["NTB"], plan.num_kv_heads)
+        # Programs run roughly in grid order, dimension 0 fastest: token tiles, then heads.
+        # HEADS_FAST (tuning only) puts heads first, so that programs running together write
+        # a token's neighbouring head rows of a paged cache; on the H100 it was slower
+        # (docs/benchmarks.md). Grid dimension 1 holds at most 65535.
+        tiles = plan.num_pages * blk["NTB"]
+        heads_fast = bool(TUNING["decompress"]["HEADS_FAST"]) and tiles <= 65535
+        grid = (plan.num_kv_heads, tiles) if heads_fast else (tiles, plan.num_kv_heads)
         align = math.gcd(tgt.s_block, tgt.s_token, 16) if tgt.s_dim == 1 else 1
         lynx_decompress_kernel[grid](
             a8, akv, a16, aw, r8, rw, table,
@@ -202,6 +209,7 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
             R_BITS=cfg.residual_bits, HAS_RES=has_res, PAGED=dest.slot_mapping is not None,
             INTERPRET=interpreting(), ALIGN=align, A_WORDS=a_words, R_WORDS=r_words,
             EVEN_D=blk["EVEN_D"], SEC=plan.section_align, BS_SHIFT=bs_shift,
+            HEADS_FAST=heads_fast,
             num_warps=blk["num_warps"], enable_fp_fusion=False)
 
 

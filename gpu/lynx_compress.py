@@ -1,16 +1,18 @@
 """Triton: Lynx compress, fused (lynx_npu/codec/lynx_ref.py ``quantize`` + the v1 page layout).
 
 One program = one page x one kv head x one strip of BD channels, for K or V (WHICH). It reads
-its [tokens, BD] input strip once into registers and writes each output once: gamma, chunk
+its [tokens, BD] input strip twice (min / max, then codes: the second read mostly hits L1 / L2)
+and writes each output once: gamma, chunk
 statistics, packed anchor and residual codes, the page-0 sink tokens and (one program per page)
 the zero alignment padding. Byte offsets come from the page plan (lynx_npu/ops/plan.py).
 
 The strip is held as [..., G, 8]: a thread owns groups of 8 consecutive channels of a token
 (16-byte loads; one word of packed codes per stream), and only two tile-wide reductions remain:
 
-* channel axis (K): chunk c of a channel is C consecutive tokens; the tile is
-  [CR, CW, NC, G, 8] with token = nc*C + cw*CR + cr (CR tokens of a chunk in a thread's
-  registers, CW across warps). Normalisation xn = RN(RN(x - gmin) / scale) is monotone in x,
+* channel axis (K): chunk c of a channel is C consecutive tokens; a step of the strip is
+  [NC, CS, G, 8] with token = nc*C + cs*NIT + k at step k (NIT = C / CS steps in a thread's
+  registers, the CS tokens across the lanes of one warp: the chunk reduction is shuffles).
+  Normalisation xn = RN(RN(x - gmin) / scale) is monotone in x,
   so the chunk's min / max of xn are xn(min x), xn(max x): one min/max reduction of the raw
   values gives the page min/max (gamma) and every chunk's lo / hi.
 * token axis (V): a chunk is CE = GC*8 channels of a token; each channel has its own gmin and
@@ -30,7 +32,7 @@ import triton.language as tl
 
 from lynx_npu.ops import plan as P
 
-from .lynx_common import div_known, minmax, minmax_combine, minmax_tiny, section
+from .lynx_common import div_known, minmax_combine, section
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -76,11 +78,12 @@ def _split(xf, tab, probe_ptr, thr_ptr, shift, base0, A_BITS: tl.constexpr,
            SMEM: tl.constexpr):
     """xf [RS, 8] -> (anchor field, residual field), unsigned A_BITS / R_BITS-bit (Alg. 1
     l.14-18)."""
-    i = _codes(xf, tab, probe_ptr, thr_ptr, shift, base0, PROBES, RS, SMEM)
-    m = (i + BIAS) >> R_BITS
-    res = (m << R_BITS) - i
-    anc = m ^ -(xf < 0).to(tl.int32)  # -m - 1 == ~m where the centred value is negative
-    return anc & ((1 << A_BITS) - 1), res & ((1 << R_BITS) - 1)
+    # u = I + bias = (m << R_BITS) | w: the anchor magnitude m is u >> R_BITS (< 2**A_BITS, as
+    # I <= y_max), and the residual (m << R_BITS) - I = bias - w equals w ^ bias modulo
+    # 2**R_BITS (bias = 2**(R_BITS-1) - 1). -m - 1 == ~m: a negative value flips the A_BITS.
+    u = _codes(xf, tab, probe_ptr, thr_ptr, shift, base0, PROBES, RS, SMEM) + BIAS
+    neg = tl.where(xf < 0, (1 << A_BITS) - 1, 0)  # xf < 0, not the sign bit: -0.0 is positive
+    return (u >> R_BITS) ^ neg, (u ^ BIAS) & ((1 << R_BITS) - 1)
 
 
 @triton.jit
@@ -215,7 +218,7 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
                    MIDRANGE: tl.constexpr, TREE: tl.constexpr, FAST: tl.constexpr,
                    SMEM: tl.constexpr):
     """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8] and gmin, scale [G, 8]:
-    chunk statistics, then the strip again in NIT = C / CS steps of [CS, NC, G, 8] (step k
+    chunk statistics, then the strip again in NIT = C / CS steps of [NC, CS, G, 8] (step k
     holds chunk tokens c = cs * NIT + k), normalised, coded and stored."""
     NC: tl.constexpr = BT // C
     NIT: tl.constexpr = C // CS
@@ -226,9 +229,9 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
     hi_n = _div(hi - gmin, sc, y, FAST)
     nc = tl.arange(0, NC)
     j = tl.arange(0, 8)
-    r = tl.arange(0, RS)  # r = (cs * NC + nc) * G + g
+    r = tl.arange(0, RS)  # r = (nc * CS + cs) * G + g (as in pass 1)
     gr = d0 + (r % G) * 8
-    tr0 = ((r // G) % NC) * C + (r // (G * NC)) * NIT
+    tr0 = (r // (G * CS)) * C + ((r // G) % CS) * NIT
     cm = (gr[:, None] + j[None, :]) < D
     xoff = (gr[:, None] + j[None, :]) * s_d
     if MIDRANGE:
@@ -262,8 +265,8 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
         tr = tr0 + k
         m = (tr < tp)[:, None] & cm
         xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=0.0)
-        xn = _div(tl.reshape(xk, [CS, NC, G, 8]).to(tl.float32) - gmin, sc, y, FAST)
-        _encode_rows(xn, mu, sigma, (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D),
+        xn = _div(tl.reshape(xk, [NC, CS, G, 8]).to(tl.float32) - gmin, sc, y, FAST)
+        _encode_rows(xn, tl.expand_dims(mu, 1), tl.expand_dims(sigma, 1), (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D),
                      a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, tab, probe_ptr, thr_ptr,
                      shift, base0, RS, A_BITS, R_BITS, BIAS, PROBES, A_WORDS, R_WORDS, SMEM)
 
@@ -297,10 +300,11 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes
     for k in range(BT // TS):
         tr = k * TS + r // G
         m = (tr < tp)[:, None] & cm
-        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=0.0)
+        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=float("nan"))
         m4 = tl.reshape(m, [TS, NCD, GC, 8])
         xn = _div(tl.reshape(xk, [TS, NCD, GC, 8]).to(tl.float32) - gmin4, sc4, y4, FAST)
-        lo, hi = minmax(xn, m4, 3)
+        # masked values are NaN (other=NaN below), which minnum / maxnum ignore
+        lo, hi = tl.reduce((xn, xn), 3, minmax_combine)
         lo, hi = tl.reduce((lo, hi), 2, minmax_combine)  # [TS, NCD]
         if MIDRANGE:
             mu, sigma = _stats(lo, hi, lo, lo, True)
@@ -375,15 +379,18 @@ def lynx_compress_kernel(
     res_off = section(row, F_RES + WHICH, SEC)
     # Pass 1 reads the strip in steps of [RS, 8] (row r: a group of 8 consecutive channels of
     # one token; only the last axis is contiguous, so every Triton version lays it out alike:
-    # 8 values per thread, rows across lanes, then warps) and keeps element-wise min / max
-    # (and the smallest nonzero |x|); pass 2 reads it again (L1 / L2 hits) to code it.
+    # 8 values per thread, rows across lanes, then warps) and keeps element-wise min / max;
+    # pass 2 reads it again (L1 / L2 hits) to code it.
     j = tl.arange(0, 8)
     if not TOKEN_AXIS:
         NC: tl.constexpr = BT // C
         NIT: tl.constexpr = C // CS
         RS: tl.constexpr = CS * NC * G
-        r = tl.arange(0, RS)  # r = (cs * NC + nc) * G + g: chunk token c = cs * NIT + k
-        tr0 = ((r // G) % NC) * C + (r // (G * NC)) * NIT
+        # r = (nc * CS + cs) * G + g: chunk token c = cs * NIT + k. The CS tokens of a chunk
+        # and the G groups share a warp (CS * G <= 32 for pages of 8 chunks or fewer), so the
+        # chunk reduction is warp shuffles, not a shared-memory pass across warps.
+        r = tl.arange(0, RS)
+        tr0 = (r // (G * CS)) * C + ((r // G) % CS) * NIT
     else:
         RS: tl.constexpr = TS * G
         NIT: tl.constexpr = BT // TS
@@ -392,36 +399,38 @@ def lynx_compress_kernel(
     gr = d0 + (r % G) * 8
     cm = (gr[:, None] + j[None, :]) < D
     xoff = (gr[:, None] + j[None, :]) * s_d
+    # Values outside the page or head_dim load as NaN, which tl.minimum / tl.maximum ignore
+    # (minnum semantics, also in the interpreter): no per-value select.
     lo = tl.full([RS, 8], float("inf"), tl.float32)
     hi = tl.full([RS, 8], float("-inf"), tl.float32)
-    tiny = tl.full([RS, 8], float("inf"), tl.float32)
     for k in tl.static_range(NIT):
         if not TOKEN_AXIS:
             tr = tr0 + k
         else:
             tr = tr0 + k * TS
         m = (tr < tp)[:, None] & cm
-        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=0.0).to(tl.float32)
-        lo = tl.minimum(lo, tl.where(m, xk, float("inf")))
-        hi = tl.maximum(hi, tl.where(m, xk, float("-inf")))
-        if SAFE_MIN > 0:
-            ax = tl.abs(xk)
-            tiny = tl.minimum(tiny, tl.where(ax > 0, ax, float("inf")))  # masked: 0
+        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m,
+                     other=float("nan")).to(tl.float32)
+        lo = tl.minimum(lo, xk)
+        hi = tl.maximum(hi, xk)
     if not TOKEN_AXIS:  # chunk min / max [NC, G, 8], then over the chunks
-        lo, hi, tiny = tl.reduce((tl.reshape(lo, [CS, NC, G, 8]), tl.reshape(hi, [CS, NC, G, 8]),
-                                  tl.reshape(tiny, [CS, NC, G, 8])), 0, _min_max_min)
-        gmin, gmax, tiny = tl.reduce((lo, hi, tiny), 0, _min_max_min)  # [G, 8]
+        lo, hi = tl.reduce((tl.reshape(lo, [NC, CS, G, 8]), tl.reshape(hi, [NC, CS, G, 8])), 1,
+                           minmax_combine)
+        gmin, gmax = tl.reduce((lo, hi), 0, minmax_combine)  # [G, 8]
     else:
-        gmin, gmax, tiny = tl.reduce((tl.reshape(lo, [TS, G, 8]), tl.reshape(hi, [TS, G, 8]),
-                                      tl.reshape(tiny, [TS, G, 8])), 0, _min_max_min)
+        gmin, gmax = tl.reduce((tl.reshape(lo, [TS, G, 8]), tl.reshape(hi, [TS, G, 8])), 0,
+                               minmax_combine)
     scale = gmax - gmin
     # The division by the page scale takes the FMA path (div_known) when the whole strip is
-    # safe for it: nonzero |x| >= SAFE_MIN (so nonzero x - gmin >= 2**-102: 2**-95 for
-    # bfloat16, 2**-79 for float32 inputs, any float16) and scale <= 2**24 (normal
-    # quotients); else (never on real KV) IEEE division. Each branch does all its stores.
+    # safe for it: scale <= 2**24 (normal quotients) and every nonzero x - gmin >= 2**-102.
+    # The latter holds where |gmin| >= SAFE_MIN = 2**-77 (a float32 x > gmin then lies at
+    # least one float32 spacing of gmin, >= 2**-77 * 2**-25, above it), where the channel is
+    # constant (x - gmin == 0), and always for float16 input (SAFE_MIN 0: differences of
+    # float16 values are >= 2**-24). Else (never on real KV) IEEE division. Each branch does
+    # all its stores.
     ok = scale <= 16777216.0
     if SAFE_MIN > 0:
-        ok = ok & (tiny >= SAFE_MIN)
+        ok = ok & ((tl.abs(gmin) >= SAFE_MIN) | (scale == 0))
     # the probe table: in registers (-> shared memory for tl.gather) when small
     SMEM: tl.constexpr = NB <= 2048
     if SMEM:
@@ -456,7 +465,3 @@ def lynx_compress_kernel(
     tl.store(gamma + h * D + dg, gmin.to(gdt), mask=gmask)
     tl.store(gamma + H * D + h * D + dg, gmax.to(gdt), mask=gmask)
 
-
-@triton.jit
-def _min_max_min(a_lo, a_hi, a_t, b_lo, b_hi, b_t):
-    return tl.minimum(a_lo, b_lo), tl.maximum(a_hi, b_hi), tl.minimum(a_t, b_t)

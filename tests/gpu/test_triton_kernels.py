@@ -99,3 +99,25 @@ def test_streams_interchange_with_the_cpu_backend():
         ck, cv = ops.decompress(ta.cpu(), res_t.cpu() if res_t is not None else None, cfg,
                                 k.shape, k.dtype, backend="cpu")
         assert torch.equal(tk.cpu(), ck) and torch.equal(tv.cpu(), cv)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_compress_bytes_extreme_values(dtype):
+    """Channels that leave the kernels' fast FMA division for IEEE division: a page min of
+    exactly 0 (and one that is tiny) beside nonzero values, a huge page range, a constant
+    channel; and sign-of-zero cases (chunks where x == mu, an all-zero channel)."""
+    cfg = config(center="midrange")
+    k, v = random_kv(HEADS, 70, HEAD_DIM, torch.float32, seed=3)
+    finfo = torch.finfo(dtype)
+    k[:, :, 0] = k[:, :, 0].abs()
+    k[:, 5:9, 0] = 0.0                                   # page min exactly 0
+    k[:, :, 1] = finfo.tiny * torch.arange(1, 71).float()  # tiny values (subnormal steps above)
+    k[:, 3, 2] = finfo.max / 4                           # huge range (scale > 2**24)
+    k[:, 4, 2] = -finfo.max / 4
+    k[:, :, 3] = 1.5                                     # constant channel
+    v[:, :, :8] = 0.0                                    # all-zero chunk along head_dim
+    v[:, 7, :] = 2.0                                     # x == mu for a whole token
+    k, v = k.to(dtype), v.to(dtype)
+    got = poisoned_compress(k.to(DEVICE), v.to(DEVICE), cfg, "triton")
+    want = reference_streams(cfg, k, v)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
