@@ -17,7 +17,7 @@ import triton
 
 from lynx_npu.ops.dest import Destination
 from lynx_npu.ops.plan import LayerPlan
-from lynx_npu.ops.tables import device_tables
+from lynx_npu.ops.tables import device_tables, log_search, search_tables
 
 from .lynx_compress import lynx_compress_kernel
 from .lynx_decompress import lynx_decompress_kernel
@@ -29,7 +29,7 @@ MAX_PAGE = 1024
 # Channels whose page min has |gmin| >= this take the FMA division (see lynx_compress.py).
 SAFE_MIN = {torch.float16: 0.0, torch.bfloat16: 2.0 ** -77, torch.float32: 2.0 ** -77}
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
-TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True},
+TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True, "SMEM": None},
           "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None}}
 
 
@@ -78,6 +78,12 @@ def _decode_blocks(cfg, head_dim: int, which: str) -> dict:
             "num_warps": tune["num_warps"] or 4}
 
 
+def _table_in_smem() -> bool:
+    """The compress search table through shared memory (tl.gather) or from global memory."""
+    smem = TUNING["compress"]["SMEM"]
+    return True if smem is None else bool(smem)
+
+
 def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
     if cfg.center not in ("mean", "midrange"):
         return f"center={cfg.center!r}"
@@ -85,6 +91,11 @@ def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
         return f"dtype {dtype} (float16, bfloat16, float32 only)"
     if head_dim % 8:
         return f"{head_dim=} must be a multiple of 8 (bit-packed rows start on byte boundaries)"
+    for alpha in (cfg.alpha_k, cfg.alpha_v):
+        try:
+            log_search(float(alpha), cfg.y_max, cfg.bias)
+        except ValueError as e:
+            return str(e)
     c = cfg.chunk_size
     if c & (c - 1):
         return f"chunk_size={c} must be a power of two"
@@ -152,22 +163,23 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
     a8, akv, a16, es = _views(anchor, k.dtype)
     aw, a_words = _words(anchor, cfg.anchor_bits)
     rw, r_words = _words(res_arg, cfg.residual_bits)
-    tabs = device_tables(cfg, dev)
+    searches, search_entries = search_tables(cfg, dev)
     table = plan.on(dev)
     for wi, (which, x) in enumerate((("k", k), ("v", v))):
         blk = _blocks(cfg, plan.head_dim, which)
-        t = tabs[which]
+        search = searches[wi]
         grid = (plan.num_pages * blk["num_dt"], plan.num_kv_heads)
         lynx_compress_kernel[grid](
             x, *x.stride(), a8, akv, a16, aw, res_arg, rw, table,
-            tabs["probe32"][wi], tabs["thresholds"][wi], t.shift, t.key_lo << t.shift,
+            search_entries[wi],
             plan.num_kv_heads, plan.head_dim, blk["num_dt"],
             WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
             CS=blk["CS"], GC=blk["GC"], TS=blk["TS"], BS=_pow2(cfg.num_sink_tokens), ES=es,
             A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits, BIAS=cfg.bias,
-            PROBES=t.num_probes, MIDRANGE=cfg.center == "midrange",
+            ALPHA=search.alpha, SCALE=search.scale, EPS=search.eps,
+            MIDRANGE=cfg.center == "midrange",
             TREE=TUNING["compress"]["TREE"], SAFE_MIN=SAFE_MIN[k.dtype], A_WORDS=a_words,
-            R_WORDS=r_words, SEC=plan.section_align, NB=tabs["probe_len"],
+            R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),
             num_warps=blk["num_warps"],
             enable_fp_fusion=False)
     return anchor, residual

@@ -27,10 +27,14 @@ kept in shared memory (tl.gather).
 ``TREE=False`` (benchmarks only) sums the mean with tl.sum instead, to measure what the fixed
 order costs.
 """
+import os
+
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from lynx_npu.ops import plan as P
+from lynx_npu.ops import tables as T
 
 from .lynx_common import div_known, minmax_combine, section
 
@@ -46,44 +50,72 @@ F_RES = tl.constexpr(P.F_RES)
 F_PADS = tl.constexpr(P.F_PADS)
 NUM_PADS = tl.constexpr(P.NUM_PADS)
 NF = tl.constexpr(P.NUM_FIELDS)
-ONE_BITS = tl.constexpr(0x3F800000)  # float32 bits of 1.0
+MAGIC = tl.constexpr(T.MAGIC)  # y + MAGIC rounds y to an integer, in the low mantissa bits
+MAGIC_BITS = tl.constexpr(0x4B400000)  # float32 bits of MAGIC
+SEARCH_LEN = tl.constexpr(T.SEARCH_LEN)
+# triton.jit reads TRITON_INTERPRET at import, as here: the interpreter has no fast_log2f
+INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
-def _codes(xf, tab, probe_ptr, thr_ptr, shift, base0, PROBES: tl.constexpr, RS: tl.constexpr,
-           SMEM: tl.constexpr):
-    """I = #{thresholds <= |xf|} (int32, exactly searchsorted(thr, |xf|, right)) from one
-    int32 probe entry per value (ops/tables.py ``probe32_table``): looked up in ``tab`` (the
-    table in registers; tl.gather goes through shared memory) if SMEM, else in global memory.
-    xf: [RS, 8]; base0 = key_lo << shift."""
-    bits = xf.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    rel = tl.minimum(bits, ONE_BITS) - base0
-    key = tl.maximum(rel >> shift, 0)
-    low = rel - (key << shift)  # negative below bucket 0's lower edge
+def _codes(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, EPS: tl.constexpr,
+           BIAS: tl.constexpr, RS: tl.constexpr, SMEM: tl.constexpr):
+    """u = I + BIAS, I = #{thresholds <= |xf|} (int32, exactly searchsorted(thr, |xf|, right)):
+    Eq. (3) in float32 gives I - 1 or I, one threshold from the search table settles it
+    (ops/tables.py ``LogSearch``). The table is ``tab`` in registers (tl.gather goes through
+    shared memory) if SMEM, else read from global memory. xf: [RS, 8]."""
+    a = tl.minimum(tl.abs(xf), 1.0)
+    p = tl.fma(a, ALPHA, 1.0)
+    if INTERPRET:  # numpy log2 (the interpreter has no fast_log2f); the result is the same
+        lg = tl.log2(p)
+    else:  # lg2.approx (one MUFU op; tl.log2 is libdevice's accurate polynomial)
+        lg = libdevice.fast_log2f(p)
+    y = tl.fma(lg, SCALE, -EPS)
+    u0 = (y + (MAGIC + BIAS + 1)).to(tl.int32, bitcast=True) - MAGIC_BITS  # round(y) + BIAS + 1
     if SMEM:
-        e = tl.reshape(tl.gather(tab, tl.reshape(key, [RS * 8]), 0), [RS, 8])
+        t = tl.reshape(tl.gather(tab, tl.reshape(u0, [RS * 8]), 0), [RS, 8])
     else:
-        e = tl.load(probe_ptr + key)
-    i = (e & 255) + (low >= (e >> 8)).to(tl.int32)
-    if PROBES > 1:
-        av = bits.to(tl.float32, bitcast=True)
-        for _ in tl.static_range(PROBES - 1):
-            i += (tl.load(thr_ptr + i) <= av).to(tl.int32)
-    return i
+        t = tl.load(search_ptr + u0)
+    # a < t (both >= 0: compare the bits) subtracts the 1
+    return u0 + ((a.to(tl.int32, bitcast=True) - t.to(tl.int32, bitcast=True)) >> 31)
 
 
 @triton.jit
-def _split(xf, tab, probe_ptr, thr_ptr, shift, base0, A_BITS: tl.constexpr,
-           R_BITS: tl.constexpr, BIAS: tl.constexpr, PROBES: tl.constexpr, RS: tl.constexpr,
-           SMEM: tl.constexpr):
+def _split(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr,
+           EPS: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
+           RS: tl.constexpr, SMEM: tl.constexpr):
     """xf [RS, 8] -> (anchor field, residual field), unsigned A_BITS / R_BITS-bit (Alg. 1
     l.14-18)."""
     # u = I + bias = (m << R_BITS) | w: the anchor magnitude m is u >> R_BITS (< 2**A_BITS, as
     # I <= y_max), and the residual (m << R_BITS) - I = bias - w equals w ^ bias modulo
-    # 2**R_BITS (bias = 2**(R_BITS-1) - 1). -m - 1 == ~m: a negative value flips the A_BITS.
-    u = _codes(xf, tab, probe_ptr, thr_ptr, shift, base0, PROBES, RS, SMEM) + BIAS
-    neg = tl.where(xf < 0, (1 << A_BITS) - 1, 0)  # xf < 0, not the sign bit: -0.0 is positive
-    return (u >> R_BITS) ^ neg, (u ^ BIAS) & ((1 << R_BITS) - 1)
+    # 2**R_BITS (bias = 2**(R_BITS-1) - 1). -m - 1 == ~m: a negative value flips the A_BITS
+    # (xf < 0, not the sign bit: -0.0 is positive).
+    u = _codes(xf, tab, search_ptr, ALPHA, SCALE, EPS, BIAS, RS, SMEM)
+    return tl.where(xf < 0, u ^ (((1 << A_BITS) - 1) << R_BITS), u)
+
+
+@triton.jit
+def _store_fields(u, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, grp, gm,
+                  A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
+                  A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, RS: tl.constexpr):
+    """u [RS, 8] = anchor field << R_BITS | residual field ^ BIAS -> both packed streams."""
+    if (A_BITS == 4) & (R_BITS == 4) & A_WORDS & R_WORDS:
+        # 4 + 4: bytes of the even / odd values in two words, then nibbles by word masks
+        ue, uo = tl.split(tl.reshape(u, [RS, 4, 2]))
+        sh = (tl.arange(0, 4) * 8)[None, :]
+        we = tl.sum(ue << sh, axis=1)
+        wo = tl.sum(uo << sh, axis=1)
+        lo4: tl.constexpr = 0x0F0F0F0F
+        anchor = ((we >> 4) & lo4) | (wo & ~lo4)
+        residual = ((we & lo4) | ((wo << 4) & ~lo4)) ^ (BIAS * 0x11111111)
+        ap = tl.max_contiguous(aw_ptr + codes_off // 4 + grp, [1])
+        tl.store(ap, anchor, mask=gm)
+        rp = tl.max_contiguous(rw_ptr + res_off // 4 + grp, [1])
+        tl.store(rp, residual, mask=gm)
+    else:
+        _pack_store(u >> R_BITS, a8_ptr, aw_ptr, codes_off, grp, gm, A_BITS, A_WORDS)
+        _pack_store((u ^ BIAS) & ((1 << R_BITS) - 1), r8_ptr, rw_ptr, res_off, grp, gm, R_BITS,
+                    R_WORDS)
 
 
 @triton.jit
@@ -193,8 +225,9 @@ def _div(a, b, y, FAST: tl.constexpr):
 
 @triton.jit
 def _encode_rows(xn, mu, sigma, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
-                 tab, probe_ptr, thr_ptr, shift, base0, RS: tl.constexpr, A_BITS: tl.constexpr,
-                 R_BITS: tl.constexpr, BIAS: tl.constexpr, PROBES: tl.constexpr,
+                 tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr,
+                 EPS: tl.constexpr, RS: tl.constexpr, A_BITS: tl.constexpr,
+                 R_BITS: tl.constexpr, BIAS: tl.constexpr,
                  A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, SMEM: tl.constexpr):
     """xn (normalised values, any shape of RS*8), mu / sigma (f16, broadcastable) -> packed
     codes of the RS groups ``grp`` (stored where ``gm``)."""
@@ -203,18 +236,19 @@ def _encode_rows(xn, mu, sigma, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_o
     # codes only compare |xf| with thresholds >= 5e-8: the FMA division is exact where it
     # matters (|xc| >= 2**-102) and keeps the sign everywhere; sigma == 0 gives +-0
     xf = div_known(xn - mu.to(tl.float32), tl.where(sigma > 0, sg, 1.0), isg)
-    af, rf = _split(tl.reshape(xf, [RS, 8]), tab, probe_ptr, thr_ptr, shift, base0, A_BITS,
-                    R_BITS, BIAS, PROBES, RS, SMEM)
-    _pack_store(af, a8_ptr, aw_ptr, codes_off, grp, gm, A_BITS, A_WORDS)
-    _pack_store(rf, r8_ptr, rw_ptr, res_off, grp, gm, R_BITS, R_WORDS)
+    u = _split(tl.reshape(xf, [RS, 8]), tab, search_ptr, ALPHA, SCALE, EPS, A_BITS,
+               R_BITS, BIAS, RS, SMEM)
+    _store_fields(u, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, grp, gm, A_BITS, R_BITS,
+                  BIAS, A_WORDS, R_WORDS, RS)
 
 
 @triton.jit
 def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats, codes_off,
-                   res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr, thr_ptr, shift, base0,
+                   res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
+                   SCALE: tl.constexpr, EPS: tl.constexpr,
                    BT: tl.constexpr, G: tl.constexpr, C: tl.constexpr, CS: tl.constexpr,
                    A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
-                   PROBES: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
+                   A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
                    MIDRANGE: tl.constexpr, TREE: tl.constexpr, FAST: tl.constexpr,
                    SMEM: tl.constexpr):
     """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8] and gmin, scale [G, 8]:
@@ -267,16 +301,17 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
         xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=0.0)
         xn = _div(tl.reshape(xk, [NC, CS, G, 8]).to(tl.float32) - gmin, sc, y, FAST)
         _encode_rows(xn, tl.expand_dims(mu, 1), tl.expand_dims(sigma, 1), (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D),
-                     a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, tab, probe_ptr, thr_ptr,
-                     shift, base0, RS, A_BITS, R_BITS, BIAS, PROBES, A_WORDS, R_WORDS, SMEM)
+                     a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr,
+                     ALPHA, SCALE, EPS, RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM)
 
 
 @triton.jit
 def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes_off, res_off,
-                 a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr, thr_ptr, shift, base0,
+                 a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
+                 SCALE: tl.constexpr, EPS: tl.constexpr,
                  BT: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
                  C: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
-                 BIAS: tl.constexpr, PROBES: tl.constexpr, A_WORDS: tl.constexpr,
+                 BIAS: tl.constexpr, A_WORDS: tl.constexpr,
                  R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr, TREE: tl.constexpr,
                  FAST: tl.constexpr, SMEM: tl.constexpr):
     """Token axis, given gmin, scale [G, 8]: the strip again, TS tokens at a time as
@@ -323,8 +358,8 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes
         tl.store(stats + H * tp * ncd + sidx, sigma, mask=smask)
         _encode_rows(xn, mu[:, :, None, None], sigma[:, :, None, None],
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
-                     r8_ptr, rw_ptr, codes_off, res_off, tab, probe_ptr, thr_ptr, shift, base0, RS,
-                     A_BITS, R_BITS, BIAS, PROBES, A_WORDS, R_WORDS, SMEM)
+                     r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, EPS, RS,
+                     A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM)
 
 
 @triton.jit
@@ -334,14 +369,16 @@ def lynx_compress_kernel(
         aw_ptr,                          # ... as words of A_BITS bytes (A_BITS in 1, 2, 4)
         r8_ptr, rw_ptr,                  # the residual buffer as uint8 / words of R_BITS bytes
         plan_ptr,                        # int64 [num_pages, NF]
-        probe_ptr, thr_ptr, shift, base0,   # this stream's tables (ops/tables.py)
+        search_ptr,                      # this stream's LogSearch entries (ops/tables.py)
         H, D, NUM_DT,
         WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
         C: tl.constexpr, CS: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
         BS: tl.constexpr, ES: tl.constexpr,
-        A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr, PROBES: tl.constexpr,
+        A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
+        ALPHA: tl.constexpr, SCALE: tl.constexpr, EPS: tl.constexpr,
         MIDRANGE: tl.constexpr, SAFE_MIN: tl.constexpr, A_WORDS: tl.constexpr,
-        R_WORDS: tl.constexpr, SEC: tl.constexpr, NB: tl.constexpr, TREE: tl.constexpr = True):
+        R_WORDS: tl.constexpr, SEC: tl.constexpr, SMEM: tl.constexpr,
+        TREE: tl.constexpr = True):
     dt = tl.program_id(0) % NUM_DT  # channel strips vary fastest: neighbours share input rows
     page = tl.program_id(0) // NUM_DT
     h = tl.program_id(1)
@@ -400,19 +437,24 @@ def lynx_compress_kernel(
     cm = (gr[:, None] + j[None, :]) < D
     xoff = (gr[:, None] + j[None, :]) * s_d
     # Values outside the page or head_dim load as NaN, which tl.minimum / tl.maximum ignore
-    # (minnum semantics, also in the interpreter): no per-value select.
-    lo = tl.full([RS, 8], float("inf"), tl.float32)
-    hi = tl.full([RS, 8], float("-inf"), tl.float32)
+    # (minnum semantics, also in the interpreter): no per-value select. On the GPU min / max
+    # stay in the KV dtype (exact; packed pairs for 16-bit floats, no conversion); the
+    # interpreter's bfloat16 maximum is wrong (Triton 3.9: -inf), so it takes float32.
+    xdt = tl.float32 if INTERPRET else x_ptr.dtype.element_ty
+    lo = tl.full([RS, 8], float("inf"), xdt)
+    hi = tl.full([RS, 8], float("-inf"), xdt)
     for k in tl.static_range(NIT):
         if not TOKEN_AXIS:
             tr = tr0 + k
         else:
             tr = tr0 + k * TS
         m = (tr < tp)[:, None] & cm
-        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m,
-                     other=float("nan")).to(tl.float32)
+        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=float("nan"))
+        xk = xk.to(xdt)
         lo = tl.minimum(lo, xk)
         hi = tl.maximum(hi, xk)
+    lo = lo.to(tl.float32)
+    hi = hi.to(tl.float32)
     if not TOKEN_AXIS:  # chunk min / max [NC, G, 8], then over the chunks
         lo, hi = tl.reduce((tl.reshape(lo, [NC, CS, G, 8]), tl.reshape(hi, [NC, CS, G, 8])), 1,
                            minmax_combine)
@@ -431,33 +473,32 @@ def lynx_compress_kernel(
     ok = scale <= 16777216.0
     if SAFE_MIN > 0:
         ok = ok & ((tl.abs(gmin) >= SAFE_MIN) | (scale == 0))
-    # the probe table: in registers (-> shared memory for tl.gather) when small
-    SMEM: tl.constexpr = NB <= 2048
+    # the search table: in registers (-> shared memory for tl.gather) if SMEM, else global (L1)
     if SMEM:
-        tab = tl.load(probe_ptr + tl.arange(0, NB))
+        tab = tl.load(search_ptr + tl.arange(0, SEARCH_LEN))
     else:
-        tab = probe_ptr
+        tab = search_ptr
     if tl.min(ok.to(tl.int32)) == 1:
         if not TOKEN_AXIS:
             _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats,
-                           codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr,
-                           thr_ptr, shift, base0, BT, G, C, CS, A_BITS, R_BITS, BIAS, PROBES,
+                           codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr,
+                           ALPHA, SCALE, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS,
                            A_WORDS, R_WORDS, MIDRANGE, TREE, True, SMEM)
         else:
             _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes_off,
-                         res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr, thr_ptr, shift,
-                         base0, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, PROBES, A_WORDS,
+                         res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
+                         SCALE, EPS, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, A_WORDS,
                          R_WORDS, MIDRANGE, TREE, True, SMEM)
     else:
         if not TOKEN_AXIS:
             _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats,
-                           codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr,
-                           thr_ptr, shift, base0, BT, G, C, CS, A_BITS, R_BITS, BIAS, PROBES,
+                           codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr,
+                           ALPHA, SCALE, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS,
                            A_WORDS, R_WORDS, MIDRANGE, TREE, False, SMEM)
         else:
             _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes_off,
-                         res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, probe_ptr, thr_ptr, shift,
-                         base0, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, PROBES, A_WORDS,
+                         res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
+                         SCALE, EPS, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, A_WORDS,
                          R_WORDS, MIDRANGE, TREE, False, SMEM)
     gdt = akv_ptr.dtype.element_ty
     dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]

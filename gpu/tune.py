@@ -27,7 +27,9 @@ from . import launch
 # BD: channels per program (a strip of all the page's tokens); RPT: groups of 8 values per
 # thread per step. On the H100 (2026-11-23): BD 32 or 64 with 4 warps best, RPT 2 / 8 warps
 # / BD 16 15-25% slower.
-COMPRESS = [dict(BD=32, num_warps=4), dict(BD=64, num_warps=4), dict(BD=64, num_warps=8)]
+COMPRESS = [dict(BD=64, num_warps=4), dict(BD=64, num_warps=4, SMEM=False),
+            dict(BD=64, num_warps=4, RPT=2), dict(BD=64, num_warps=4, RPT=2, SMEM=False),
+            dict(BD=32, num_warps=2), dict(BD=64, num_warps=8)]
 # TB: tokens per program (all head_dim channels; at most the chunk on the channel axis).
 DECOMPRESS = [dict(TB=32, num_warps=4), dict(TB=16, num_warps=2), dict(TB=64, num_warps=8)]
 
@@ -42,6 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--center", default="midrange", choices=["midrange", "mean"])
     p.add_argument("--check", type=int, default=0, metavar="H",
                    help="compare with the reference on the first H heads, then time")
+    p.add_argument("--compress-only", action="store_true", help="time no decompress variant")
     p.add_argument("--once", action="store_true",
                    help="run each op once with the defaults (for a profiler), time nothing")
     args = p.parse_args(argv)
@@ -64,7 +67,7 @@ def main(argv=None) -> int:
     base = None
     for var in COMPRESS:
         launch.TUNING["compress"].update({"BD": None, "num_warps": None, "RPT": None, "TREE": True,
-                                           **var})
+                                           "SMEM": None, **var})
         a, r = ops.compress(k, v, cfg, backend="triton")
         if base is None:
             base = (a, r)
@@ -73,10 +76,14 @@ def main(argv=None) -> int:
         gbps = (kv_bytes + a.numel() + r.numel()) / sec / 1e9
         rows.append({"op": "compress", **var, "gbps": gbps, "same_bytes": same})
         print(f"compress {var}: {gbps:.0f} GB/s ({gbps / copy:.0%}), same bytes {same}", flush=True)
-    launch.TUNING["compress"].update({"BD": None, "num_warps": None, "RPT": None, "TREE": True})
+    launch.TUNING["compress"].update({"BD": None, "num_warps": None, "RPT": None, "TREE": True,
+                                       "SMEM": None})
+    for name, us in kernel_times(lambda: ops.compress(k, v, cfg, backend="triton")):
+        print(f"compress kernel {name}: {us:.0f} us", flush=True)
+        rows.append({"op": "compress_kernel", "kernel": name, "us": us})
     a, r = base
     ref = None
-    for var in DECOMPRESS:
+    for var in ([] if args.compress_only else DECOMPRESS):
         launch.TUNING["decompress"].update({"TB": None, "num_warps": None, **var})
         for op, res in (("decompress_full", r), ("decompress_anchor", None)):
             out = ops.decompress(a, res, cfg, k.shape, k.dtype, backend="triton")
@@ -97,6 +104,23 @@ def main(argv=None) -> int:
             json.dump({"device": torch.cuda.get_device_name(), "copy_gbps": copy,
                        "shape": [args.heads, args.tokens, args.head_dim], "rows": rows}, f, indent=1)
     return 0
+
+
+def kernel_times(fn, repeats: int = 5) -> list[tuple[str, float]]:
+    """Device time of each kernel one call of ``fn`` launches (in launch order: K, then V),
+    the median over ``repeats`` profiled calls."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(repeats):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        runs.append([(e.name, e.device_time) for e in prof.events()
+                     if e.device_time > 0 and "lynx" in e.name])
+    n = min(len(r) for r in runs)
+    return [(runs[0][i][0], sorted(r[i][1] for r in runs)[len(runs) // 2]) for i in range(n)]
 
 
 def check(k: torch.Tensor, v: torch.Tensor) -> None:

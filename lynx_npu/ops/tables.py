@@ -14,9 +14,9 @@ mantissa bits per octave: buckets are fine near 0 and coarse near 1, like the al
 thresholds themselves. Everything here is exact float32 comparison: the codes equal
 ``searchsorted(thresholds, |x|, right=True)`` bit for bit.
 
-Two fused forms for the GPU kernels (one gather per value instead of two dependent ones):
-``probe_table`` (int64 per bucket: bucket[b] | bits(thresholds_padded[bucket[b]]) << 32, the
-bucket's count and its first probe) and ``signed_levels`` (float32 [256]: the decoded +-level of
+Two forms for the GPU kernels: ``log_search`` (compress: Eq. (3) in float32 places the code
+within one, a 1 KB table of thresholds settles it exactly with one comparison) and
+``signed_levels`` (float32 [256]: the decoded +-level of
 each (anchor field << residual_bits | residual field) byte; the anchor stage reads residual 0,
 packed as ``anchor_levels``).
 """
@@ -92,24 +92,58 @@ def codes_via_buckets(x_abs: torch.Tensor, t: QuantTables) -> torch.Tensor:
     return i
 
 
-def probe_table(t: QuantTables) -> np.ndarray:
-    """int64 [num_buckets]: bucket[b] in the low 32 bits, the float32 bits of the threshold it
-    probes first (thresholds_padded[bucket[b]]) in the high 32, so I = low + (|x| >= high)."""
-    first = t.thresholds[t.bucket.astype(np.int64)].view(np.int32).astype(np.int64)
-    return t.bucket.astype(np.int64) | (first << 32)
+MAGIC = 12582912.0     # 1.5 * 2**23: x + MAGIC rounds x (|x| < 2**22) to an integer in the bits
+SEARCH_LEN = 256       # float32 entries of a LogSearch table (covers y_max + bias + 2 <= 256)
 
 
-def probe32_table(t: QuantTables) -> np.ndarray:
-    """int32 [num_buckets], for |x| bits b (<= bits(1.0)), rel = b - (key_lo << shift), bucket
-    k = max(rel >> shift, 0), low = rel - (k << shift) (negative below bucket 0's edge):
-    I = (entry & 255) + (low >= entry >> 8). entry >> 8 is the first probed threshold's bits
-    minus the bucket's lower edge, or 1 << shift when it lies past the bucket (never reached)."""
-    k = np.arange(len(t.bucket), dtype=np.int64)
-    edge = (t.key_lo + k) << t.shift
-    first = t.thresholds[t.bucket.astype(np.int64)].view(np.int32).astype(np.int64)
-    off = np.minimum(first - edge, 1 << t.shift)
-    assert (off >= 0).all() and (t.num_probes > 1 or (off[1:] >= 1).all())
-    return (t.bucket.astype(np.int64) | (off << 8)).astype(np.int32)
+@dataclass(frozen=True)
+class LogSearch:
+    """The GPU compress kernel's code search: Eq. (3) evaluated once, approximately, then one
+    exact threshold comparison (one 4-byte load per value from a 1 KB table):
+
+        a  = min(|x|, 1.0)
+        y  = log2(fma(a, alpha, 1.0)) * scale - eps        (scale = y_max / log2(1 + alpha))
+        u0 = round(y) + bias + 1                           (bits(y + MAGIC + bias + 1) - bits(MAGIC))
+        u  = I + bias = u0 + ((bits(a) - bits(entries[u0])) >> 31)
+
+    I = round-half-up of the exact y, so I = #{thresholds <= a} when y is off by at most ``err``
+    (float32 log2 to within 2**-21 absolute, GPU lg2.approx included, and every rounding
+    before it); biased down by eps (err < eps < 0.5 - err), round(y) is I - 1 or I, and the
+    comparison with thresholds[round(y)] = entries[u0] settles which (arithmetic shift: -1
+    below the threshold). entries holds +inf at y_max and past it.
+    """
+
+    alpha: float
+    scale: float
+    eps: float
+    entries: np.ndarray   # float32 [SEARCH_LEN]
+
+
+def log_search(alpha: float, y_max: int, bias: int) -> LogSearch:
+    scale = float(np.float32(y_max / np.log2(1.0 + alpha)))
+    err = scale * 2.0 ** -20 + 2.0 ** -16  # log2 + input rounding, then the fma's rounding
+    eps = 2.0 * err
+    if eps + err >= 0.5:
+        raise ValueError(f"alpha={alpha} is too small for the log-search code lookup "
+                         f"(scale {scale:.3g}: float32 log2 cannot place y within 0.25)")
+    if y_max + bias + 2 > SEARCH_LEN:
+        raise ValueError(f"{y_max=} with {bias=} exceeds the {SEARCH_LEN}-entry search table")
+    entries = np.full(SEARCH_LEN, np.inf, dtype=np.float32)
+    entries[bias + 1:bias + 1 + y_max] = lynx_tables.thresholds(alpha, y_max).numpy()
+    return LogSearch(float(np.float32(alpha)), scale, eps, entries)
+
+
+def codes_via_log_search(x_abs: torch.Tensor, s: LogSearch, bias: int,
+                         log_error: float = 0.0) -> torch.Tensor:
+    """The Triton compress kernel's search in torch (tests): |x| -> I int64. ``log_error`` is
+    added to every log2, to show the result does not depend on it (|log_error| <= 2**-21)."""
+    a = x_abs.float().clamp(max=1.0)
+    p = torch.addcmul(torch.ones_like(a), a, torch.tensor(s.alpha, dtype=torch.float32))
+    y = torch.addcmul(torch.full_like(a, -s.eps), torch.log2(p) + log_error,
+                      torch.tensor(s.scale, dtype=torch.float32))
+    u0 = ((y + (MAGIC + bias + 1)).view(torch.int32) - int(np.float32(MAGIC).view(np.int32))).long()
+    t = torch.from_numpy(s.entries)[u0]
+    return u0 + ((a.view(torch.int32) - t.view(torch.int32)) >> 31).long() - bias
 
 
 @functools.lru_cache(maxsize=64)
@@ -152,17 +186,11 @@ def device_tables(cfg, device: torch.device) -> dict:
     hit = _DEVICE_CACHE.get(key)
     if hit is None:
         thr, lv, bucket, (tk, tv) = _stacked(float(cfg.alpha_k), float(cfg.alpha_v), cfg.y_max)
-        nb = 1 << max(bucket.shape[1] - 1, 0).bit_length()  # a power of two
         hit = {
             "thresholds": torch.from_numpy(thr).to(device),
             "levels": torch.from_numpy(lv).to(device),
             "bucket": torch.from_numpy(bucket).to(device),
             "bucket_len": bucket.shape[1],
-            "probe": torch.from_numpy(np.stack([_padded(probe_table(tk), nb),
-                                                _padded(probe_table(tv), nb)])).to(device),
-            "probe32": torch.from_numpy(np.stack([_padded(probe32_table(tk), nb),
-                                                  _padded(probe32_table(tv), nb)])).to(device),
-            "probe_len": nb,
             "signed_levels": torch.from_numpy(np.stack([
                 signed_levels(float(cfg.alpha_k), cfg.y_max, cfg.anchor_bits),
                 signed_levels(float(cfg.alpha_v), cfg.y_max, cfg.anchor_bits)])).to(device),
@@ -175,5 +203,16 @@ def device_tables(cfg, device: torch.device) -> dict:
             "k": tk,
             "v": tv,
         }
+        _DEVICE_CACHE[key] = hit
+    return hit
+
+
+def search_tables(cfg, device: torch.device) -> tuple[list[LogSearch], torch.Tensor]:
+    """K and V LogSearch of ``cfg`` and their entries stacked [2, SEARCH_LEN] on ``device``."""
+    key = ("search", cfg.alpha_k, cfg.alpha_v, cfg.y_max, cfg.bias, str(device))
+    hit = _DEVICE_CACHE.get(key)
+    if hit is None:
+        searches = [log_search(float(a), cfg.y_max, cfg.bias) for a in (cfg.alpha_k, cfg.alpha_v)]
+        hit = searches, torch.from_numpy(np.stack([s.entries for s in searches])).to(device)
         _DEVICE_CACHE[key] = hit
     return hit

@@ -6,7 +6,8 @@ from lynx_npu.codec import lynx_tables
 from lynx_npu.codec.lynx_config import LynxConfig
 from lynx_npu.codec.lynx_layout import page_layout, page_spans
 from lynx_npu.ops import plan as P
-from lynx_npu.ops.tables import codes_via_buckets, quant_tables
+from lynx_npu.ops.tables import (codes_via_buckets, codes_via_log_search, log_search,
+                                 quant_tables)
 
 
 @pytest.mark.parametrize("t", [1, 4, 5, 255, 257, 1000])
@@ -41,7 +42,7 @@ def test_page_plan_counts_from_the_page():
         P.page_plan(cfg, 2, 64, torch.bfloat16, 260, 1000)
 
 
-@pytest.mark.parametrize("alpha", [0.5, 3.0, 255.0, 1e5])
+@pytest.mark.parametrize("alpha", [0.01, 0.5, 3.0, 255.0, 1e5])
 @pytest.mark.parametrize("anchor_bits", [2, 3, 4, 6, 7])
 def test_bucket_lookup_is_searchsorted(alpha, anchor_bits):
     cfg = LynxConfig(center="mean", anchor_bits=anchor_bits, alpha_k=alpha)
@@ -52,3 +53,12 @@ def test_bucket_lookup_is_searchsorted(alpha, anchor_bits):
                    torch.tensor([0.0, 1.0, 1.0004, 3.0])])
     want = torch.searchsorted(thr, x, right=True)
     assert torch.equal(codes_via_buckets(x, quant_tables(alpha, cfg.y_max)), want)
+    search = log_search(alpha, cfg.y_max, cfg.bias)
+    # exact whatever the float32 log2 returns within its error bound (the GPU's is approximate)
+    for err in (0.0, 2.0 ** -21, -(2.0 ** -21)):
+        assert torch.equal(codes_via_log_search(x, search, cfg.bias, err), want)
+
+
+def test_log_search_refuses_an_alpha_too_small_for_float32():
+    with pytest.raises(ValueError, match="too small"):
+        log_search(1e-6, 112, 7)
