@@ -154,34 +154,34 @@ def _fold0(x, A: tl.constexpr, B: tl.constexpr, N: tl.constexpr, G: tl.constexpr
 
 
 @triton.jit
+def _tree0(x, N: tl.constexpr, B: tl.constexpr, NC: tl.constexpr, G: tl.constexpr):
+    """Pairwise sum over axis 0 of [N, B, NC, G, 8] -> [B, NC, G, 8] (N a power of two <= 256;
+    each fold runs when the axis still has that size)."""
+    if N >= 256:
+        x = _fold0(x, 256, B, NC, G)
+    if N >= 128:
+        x = _fold0(x, 128, B, NC, G)
+    if N >= 64:
+        x = _fold0(x, 64, B, NC, G)
+    if N >= 32:
+        x = _fold0(x, 32, B, NC, G)
+    if N >= 16:
+        x = _fold0(x, 16, B, NC, G)
+    if N >= 8:
+        x = _fold0(x, 8, B, NC, G)
+    if N >= 4:
+        x = _fold0(x, 4, B, NC, G)
+    if N >= 2:
+        x = _fold0(x, 2, B, NC, G)
+    return tl.reshape(x, [B, NC, G, 8])
+
+
+@triton.jit
 def _tree_channel(xn, CR: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, G: tl.constexpr):
     """Pairwise sum over the chunk's tokens c = cw*CR + cr of [CR, CW, NC, G, 8] -> [NC, G, 8]
-    (lynx_ref.tree_sum's order: cr pairs first, then cw pairs). Sizes are powers of two; each
-    fold below runs when the axis still has that size."""
-    if CR >= 256:
-        xn = _fold0(xn, 256, CW, NC, G)
-    if CR >= 128:
-        xn = _fold0(xn, 128, CW, NC, G)
-    if CR >= 64:
-        xn = _fold0(xn, 64, CW, NC, G)
-    if CR >= 32:
-        xn = _fold0(xn, 32, CW, NC, G)
-    if CR >= 16:
-        xn = _fold0(xn, 16, CW, NC, G)
-    if CR >= 8:
-        xn = _fold0(xn, 8, CW, NC, G)
-    if CR >= 4:
-        xn = _fold0(xn, 4, CW, NC, G)
-    if CR >= 2:
-        xn = _fold0(xn, 2, CW, NC, G)
-    x = tl.reshape(xn, [CW, 1, NC, G, 8])
-    if CW >= 8:
-        x = _fold0(x, 8, 1, NC, G)
-    if CW >= 4:
-        x = _fold0(x, 4, 1, NC, G)
-    if CW >= 2:
-        x = _fold0(x, 2, 1, NC, G)
-    return tl.reshape(x, [NC, G, 8])
+    (lynx_ref.tree_sum's order: cr pairs first, then cw pairs)."""
+    x = _tree0(xn, CR, CW, NC, G)
+    return tl.reshape(_tree0(tl.reshape(x, [CW, 1, NC, G, 8]), CW, 1, NC, G), [NC, G, 8])
 
 
 @triton.jit
@@ -306,6 +306,16 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
 
 
 @triton.jit
+def _row_first(x, RS: tl.constexpr):
+    """[..., 8] values of RS rows of 8 (as the strip's steps hold them) -> [RS], each row's
+    first value (register picks, no data movement)."""
+    a, _ = tl.split(tl.reshape(x, [RS, 4, 2]))
+    a, _ = tl.split(tl.reshape(a, [RS, 2, 2]))
+    a, _ = tl.split(a)
+    return a
+
+
+@triton.jit
 def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes_off, res_off,
                  a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
                  SCALE: tl.constexpr, EPS: tl.constexpr,
@@ -329,7 +339,6 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes
     gr = d0 + (r % G) * 8
     cm = (gr[:, None] + j[None, :]) < D
     xoff = (gr[:, None] + j[None, :]) * s_d
-    ts = tl.arange(0, TS)
     c0 = d0 + tl.arange(0, NCD) * CE  # first channel of each chunk
     ncd = (D + C - 1) // C
     for k in range(BT // TS):
@@ -351,11 +360,14 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes
                 csum = tl.sum(tl.sum(xz, axis=3), axis=2)
             count = tl.maximum(tl.minimum(D - c0, C), 1).to(tl.float32)[None, :]
             mu, sigma = _stats(lo, hi, csum, count, False)
-        t = k * TS + ts
-        sidx = (h * tp + t[:, None]) * ncd + (c0 // C)[None, :]
-        smask = (t < tp)[:, None] & (c0 < D)[None, :]
-        tl.store(stats + sidx, mu, mask=smask)
-        tl.store(stats + H * tp * ncd + sidx, sigma, mask=smask)
+        # stored from the rows' own layout (no exchange through shared memory): the first
+        # group of each chunk stores its row's copy
+        mu_r = _row_first(tl.broadcast_to(mu[:, :, None, None], [TS, NCD, GC, 8]), RS)
+        sg_r = _row_first(tl.broadcast_to(sigma[:, :, None, None], [TS, NCD, GC, 8]), RS)
+        sidx = (h * tp + tr) * ncd + gr // C
+        smask = (tr < tp) & (gr < D) & ((r % GC) == 0)
+        tl.store(stats + sidx, mu_r, mask=smask)
+        tl.store(stats + H * tp * ncd + sidx, sg_r, mask=smask)
         _encode_rows(xn, mu[:, :, None, None], sigma[:, :, None, None],
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
                      r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, EPS, RS,

@@ -25,11 +25,11 @@ from lynx_npu.eval.bench_kernels import _time_steady as _time, synthetic_kv
 from . import launch
 
 # BD: channels per program (a strip of all the page's tokens); RPT: groups of 8 values per
-# thread per step. On the H100 (2026-11-23): BD 32 or 64 with 4 warps best, RPT 2 / 8 warps
-# / BD 16 15-25% slower.
-COMPRESS = [dict(BD=64, num_warps=4), dict(BD=64, num_warps=4, SMEM=False),
-            dict(BD=64, num_warps=4, RPT=2), dict(BD=64, num_warps=4, RPT=2, SMEM=False),
-            dict(BD=32, num_warps=2), dict(BD=64, num_warps=8)]
+# thread per step; SMEM False reads the search table from global memory instead. The default
+# (BD 64, 4 warps, RPT 2, table in shared memory) was the fastest on the H100 (docs/benchmarks.md).
+COMPRESS = [dict(BD=64, num_warps=4), dict(BD=64, num_warps=4, RPT=1),
+            dict(BD=64, num_warps=4, RPT=4), dict(BD=64, num_warps=4, SMEM=False),
+            dict(BD=32, num_warps=4), dict(BD=64, num_warps=8)]
 # TB: tokens per program (all head_dim channels; at most the chunk on the channel axis).
 DECOMPRESS = [dict(TB=32, num_warps=4), dict(TB=16, num_warps=2), dict(TB=64, num_warps=8)]
 
