@@ -2,9 +2,9 @@
 
 One program = one page x one kv head x one strip of BD channels, for K or V (WHICH). It reads
 its [tokens, BD] input strip twice (min / max, then codes: the second read mostly hits L1 / L2)
-and writes each output once: gamma, chunk
-statistics, packed anchor and residual codes, the page-0 sink tokens and (one program per page)
-the zero alignment padding. Byte offsets come from the page plan (lynx_npu/ops/plan.py).
+and writes each output once: gamma, chunk statistics, packed anchor and residual codes, the
+page-0 sink tokens and (one program per page) the zero alignment padding. Byte offsets come
+from the page plan (lynx_npu/ops/plan.py).
 
 The strip is held as [..., G, 8]: a thread owns groups of 8 consecutive channels of a token
 (16-byte loads; one word of packed codes per stream), and only two tile-wide reductions remain:
@@ -22,8 +22,9 @@ The strip is held as [..., G, 8]: a thread owns groups of 8 consecutive channels
 Then mu = f16((hi + lo) / 2) (MIDRANGE) or f16(pairwise tree sum / count) (mean, the
 reference's order: lynx_ref.tree_sum), and sigma = f16(max |xn - mu|) =
 f16(max(RN(hi - mu), RN(mu - lo))) (RN(. - mu) is monotone), with no per-value |.| or max.
-Codes: one 32-bit lookup per value in the probe table (ops/tables.py ``probe32_table``),
-kept in shared memory (tl.gather).
+Codes: Eq. (3) in float32 (one lg2.approx) gives I - 1 or I, one float32 threshold from the
+1 KB search table (ops/tables.py ``LogSearch``, in shared memory through tl.gather) settles it
+exactly; 4+4 fields are packed from byte words with word masks.
 ``TREE=False`` (benchmarks only) sums the mean with tl.sum instead, to measure what the fixed
 order costs.
 """
@@ -300,9 +301,10 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
         m = (tr < tp)[:, None] & cm
         xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=0.0)
         xn = _div(tl.reshape(xk, [NC, CS, G, 8]).to(tl.float32) - gmin, sc, y, FAST)
-        _encode_rows(xn, tl.expand_dims(mu, 1), tl.expand_dims(sigma, 1), (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D),
-                     a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr,
-                     ALPHA, SCALE, EPS, RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM)
+        _encode_rows(xn, tl.expand_dims(mu, 1), tl.expand_dims(sigma, 1),
+                     (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
+                     r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, EPS,
+                     RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM)
 
 
 @triton.jit

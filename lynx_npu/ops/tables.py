@@ -103,7 +103,7 @@ class LogSearch:
 
         a  = min(|x|, 1.0)
         y  = log2(fma(a, alpha, 1.0)) * scale - eps        (scale = y_max / log2(1 + alpha))
-        u0 = round(y) + bias + 1                           (bits(y + MAGIC + bias + 1) - bits(MAGIC))
+        u0 = round(y) + bias + 1              (= bits(y + MAGIC + bias + 1) - bits(MAGIC))
         u  = I + bias = u0 + ((bits(a) - bits(entries[u0])) >> 31)
 
     I = round-half-up of the exact y, so I = #{thresholds <= a} when y is off by at most ``err``
