@@ -102,46 +102,66 @@ class LogSearch:
     exact threshold comparison (one 4-byte load per value from a 1 KB table):
 
         a  = min(|x|, 1.0)
-        y  = log2(fma(a, alpha, 1.0)) * scale - eps        (scale = y_max / log2(1 + alpha))
-        u0 = round(y) + bias + 1              (= bits(y + MAGIC + bias + 1) - bits(MAGIC))
+        y' = scale * log2(fma(a, alpha, p0)) - eps         (scale = y_max / log2(1 + alpha))
+        u0 = round(y') + bias + 1             (= bits(y' + MAGIC + bias + 1) - bits(MAGIC))
         u  = I + bias = u0 + ((bits(a) - bits(entries[u0])) >> 31)
 
-    I = round-half-up of the exact y, so I = #{thresholds <= a} when y is off by at most ``err``
-    (float32 log2 to within 2**-21 absolute, GPU lg2.approx included, and every rounding
-    before it); biased down by eps (err < eps < 0.5 - err), round(y) is I - 1 or I, and the
-    comparison with thresholds[round(y)] = entries[u0] settles which (arithmetic shift: -1
-    below the threshold). entries holds +inf at y_max and past it.
+    I = round-half-up(y), y = scale * log2(1 + alpha * a) exactly (with the float32
+    thresholds: I = #{thresholds <= a}). If y' = y - b with err <= b < 0.5 - err, round(y') is
+    I - 1 or I, and the comparison with thresholds[round(y')] = entries[u0] settles which
+    (arithmetic shift: -1 below the threshold; entries holds +inf at y_max and past it).
+    ``err`` bounds every error but the bias: the float32 log2 within 2**-21 absolute (the GPU's
+    lg2.approx included), the rounding of p and of alpha, the thresholds' rounding. The bias b:
+
+    * p0 = 1 - delta, eps = 0 (when alpha is not huge): b = scale * -log2(1 - delta / q),
+      q = 1 + alpha * a in [1, 1 + alpha], so b >= scale * delta / ((1 + alpha) ln 2) = 2 err
+      and b <= scale * delta / ((1 - delta) ln 2); round(y') then comes out of the same fma as
+      the product (fma(lg, scale, MAGIC + bias + 1)): no separate subtraction.
+    * else p0 = 1, eps = 2 err: b = eps.
     """
 
     alpha: float
     scale: float
+    p0: float
     eps: float
     entries: np.ndarray   # float32 [SEARCH_LEN]
 
 
 def log_search(alpha: float, y_max: int, bias: int) -> LogSearch:
-    scale = float(np.float32(y_max / np.log2(1.0 + alpha)))
-    err = scale * 2.0 ** -20 + 2.0 ** -16  # log2 + input rounding, then the fma's rounding
-    eps = 2.0 * err
-    if eps + err >= 0.5:
-        raise ValueError(f"alpha={alpha} is too small for the log-search code lookup "
-                         f"(scale {scale:.3g}: float32 log2 cannot place y within 0.25)")
+    f32 = np.float32
+    scale = float(f32(y_max / np.log2(1.0 + alpha)))
+    err = scale * 2.0 ** -20
+    # bias by p0 = 1 - delta: delta rounded up to the float32 spacing below 1 (2**-24)
+    delta = np.ceil(2.0 * err * (1.0 + alpha) * np.log(2.0) / scale * 2.0 ** 24) * 2.0 ** -24
+    if delta < 0.5 and scale * delta / ((1.0 - delta) * np.log(2.0)) + err < 0.5 - err:
+        p0, eps = float(f32(1.0 - delta)), 0.0
+    else:
+        err += 2.0 ** -16  # the separate fma's rounding of y - eps (y < 2**7)
+        p0, eps = 1.0, 2.0 * err
+        if eps + err >= 0.5:
+            raise ValueError(f"alpha={alpha} is too small for the log-search code lookup "
+                             f"(scale {scale:.3g}: float32 log2 cannot place y within 0.25)")
     if y_max + bias + 2 > SEARCH_LEN:
         raise ValueError(f"{y_max=} with {bias=} exceeds the {SEARCH_LEN}-entry search table")
     entries = np.full(SEARCH_LEN, np.inf, dtype=np.float32)
     entries[bias + 1:bias + 1 + y_max] = lynx_tables.thresholds(alpha, y_max).numpy()
-    return LogSearch(float(np.float32(alpha)), scale, eps, entries)
+    return LogSearch(float(f32(alpha)), scale, p0, eps, entries)
 
 
 def codes_via_log_search(x_abs: torch.Tensor, s: LogSearch, bias: int,
                          log_error: float = 0.0) -> torch.Tensor:
-    """The Triton compress kernel's search in torch (tests): |x| -> I int64. ``log_error`` is
-    added to every log2, to show the result does not depend on it (|log_error| <= 2**-21)."""
+    """The Triton compress kernel's search in torch (tests): |x| -> I int64, each fma rounded
+    once (through float64). ``log_error`` is added to every log2, to show that the result
+    does not depend on it (|log_error| <= 2**-21)."""
     a = x_abs.float().clamp(max=1.0)
-    p = torch.addcmul(torch.ones_like(a), a, torch.tensor(s.alpha, dtype=torch.float32))
-    y = torch.addcmul(torch.full_like(a, -s.eps), torch.log2(p) + log_error,
-                      torch.tensor(s.scale, dtype=torch.float32))
-    u0 = ((y + (MAGIC + bias + 1)).view(torch.int32) - int(np.float32(MAGIC).view(np.int32))).long()
+    p = (a.double() * s.alpha + s.p0).float()
+    lg = torch.log2(p).double() + log_error
+    magic = MAGIC + bias + 1
+    if s.eps:
+        w = ((lg * s.scale - s.eps).float() + magic).float()
+    else:
+        w = (lg * s.scale + magic).float()
+    u0 = (w.view(torch.int32) - int(np.float32(MAGIC).view(np.int32))).long()
     t = torch.from_numpy(s.entries)[u0]
     return u0 + ((a.view(torch.int32) - t.view(torch.int32)) >> 31).long() - bias
 
@@ -214,5 +234,17 @@ def search_tables(cfg, device: torch.device) -> tuple[list[LogSearch], torch.Ten
     if hit is None:
         searches = [log_search(float(a), cfg.y_max, cfg.bias) for a in (cfg.alpha_k, cfg.alpha_v)]
         hit = searches, torch.from_numpy(np.stack([s.entries for s in searches])).to(device)
+        _DEVICE_CACHE[key] = hit
+    return hit
+
+
+def recip_table(device: torch.device) -> torch.Tensor:
+    """float32 [1024]: entry k = RN(1 / (1 + k / 1024)) (IEEE float32 division), the reciprocal
+    of every 11-bit significand: the compress kernel's exact 1 / sigma for float16 sigma."""
+    key = ("recip", str(device))
+    hit = _DEVICE_CACHE.get(key)
+    if hit is None:
+        m = np.float32(1.0) + np.arange(1024, dtype=np.float32) / np.float32(1024.0)
+        hit = torch.from_numpy(np.float32(1.0) / m).to(device)
         _DEVICE_CACHE[key] = hit
     return hit
