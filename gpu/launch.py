@@ -17,7 +17,7 @@ import triton
 
 from lynx_npu.ops.dest import Destination
 from lynx_npu.ops.plan import LayerPlan
-from lynx_npu.ops.tables import device_tables, log_search, search_tables
+from lynx_npu.ops.tables import device_tables, log_search, recip_table, search_tables
 
 from .lynx_compress import lynx_compress_kernel
 from .lynx_decompress import lynx_decompress_kernel
@@ -171,12 +171,12 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
         grid = (plan.num_pages * blk["num_dt"], plan.num_kv_heads)
         lynx_compress_kernel[grid](
             x, *x.stride(), a8, akv, a16, aw, res_arg, rw, table,
-            search_entries[wi],
+            search_entries[wi], recip_table(dev),
             plan.num_kv_heads, plan.head_dim, blk["num_dt"],
             WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
             CS=blk["CS"], GC=blk["GC"], TS=blk["TS"], BS=_pow2(cfg.num_sink_tokens), ES=es,
             A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits, BIAS=cfg.bias,
-            ALPHA=search.alpha, SCALE=search.scale, EPS=search.eps,
+            ALPHA=search.alpha, SCALE=search.scale, P0=search.p0, EPS=search.eps,
             MIDRANGE=cfg.center == "midrange",
             TREE=TUNING["compress"]["TREE"], SAFE_MIN=SAFE_MIN[k.dtype], A_WORDS=a_words,
             R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),

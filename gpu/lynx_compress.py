@@ -59,20 +59,23 @@ INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
-def _codes(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, EPS: tl.constexpr,
-           BIAS: tl.constexpr, RS: tl.constexpr, SMEM: tl.constexpr):
+def _codes(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr,
+           EPS: tl.constexpr, BIAS: tl.constexpr, RS: tl.constexpr, SMEM: tl.constexpr):
     """u = I + BIAS, I = #{thresholds <= |xf|} (int32, exactly searchsorted(thr, |xf|, right)):
     Eq. (3) in float32 gives I - 1 or I, one threshold from the search table settles it
     (ops/tables.py ``LogSearch``). The table is ``tab`` in registers (tl.gather goes through
     shared memory) if SMEM, else read from global memory. xf: [RS, 8]."""
     a = tl.minimum(tl.abs(xf), 1.0)
-    p = tl.fma(a, ALPHA, 1.0)
+    p = tl.fma(a, ALPHA, P0)
     if INTERPRET:  # numpy log2 (the interpreter has no fast_log2f); the result is the same
         lg = tl.log2(p)
     else:  # lg2.approx (one MUFU op; tl.log2 is libdevice's accurate polynomial)
         lg = libdevice.fast_log2f(p)
-    y = tl.fma(lg, SCALE, -EPS)
-    u0 = (y + (MAGIC + BIAS + 1)).to(tl.int32, bitcast=True) - MAGIC_BITS  # round(y) + BIAS + 1
+    if EPS == 0:  # biased by P0 < 1: the rounding to an integer is the same fma
+        w = tl.fma(lg, SCALE, MAGIC + BIAS + 1)
+    else:
+        w = tl.fma(lg, SCALE, -EPS) + (MAGIC + BIAS + 1)
+    u0 = w.to(tl.int32, bitcast=True) - MAGIC_BITS  # round(y') + BIAS + 1
     if SMEM:
         t = tl.reshape(tl.gather(tab, tl.reshape(u0, [RS * 8]), 0), [RS, 8])
     else:
@@ -82,16 +85,16 @@ def _codes(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, EPS: t
 
 
 @triton.jit
-def _split(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr,
+def _split(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr,
            EPS: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
            RS: tl.constexpr, SMEM: tl.constexpr):
-    """xf [RS, 8] -> (anchor field, residual field), unsigned A_BITS / R_BITS-bit (Alg. 1
-    l.14-18)."""
+    """xf [RS, 8] -> u = anchor field << R_BITS | residual field ^ BIAS (unsigned A_BITS /
+    R_BITS-bit fields, Alg. 1 l.14-18)."""
     # u = I + bias = (m << R_BITS) | w: the anchor magnitude m is u >> R_BITS (< 2**A_BITS, as
     # I <= y_max), and the residual (m << R_BITS) - I = bias - w equals w ^ bias modulo
     # 2**R_BITS (bias = 2**(R_BITS-1) - 1). -m - 1 == ~m: a negative value flips the A_BITS
     # (xf < 0, not the sign bit: -0.0 is positive).
-    u = _codes(xf, tab, search_ptr, ALPHA, SCALE, EPS, BIAS, RS, SMEM)
+    u = _codes(xf, tab, search_ptr, ALPHA, SCALE, P0, EPS, BIAS, RS, SMEM)
     return tl.where(xf < 0, u ^ (((1 << A_BITS) - 1) << R_BITS), u)
 
 
@@ -225,33 +228,44 @@ def _div(a, b, y, FAST: tl.constexpr):
 
 
 @triton.jit
-def _encode_rows(xn, mu, sigma, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
-                 tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr,
+def _sigma_div(sigma, recip_ptr):
+    """float16 sigma -> (divisor, RN(1 / divisor)) for div_known: the reciprocal exactly, as
+    RN(1 / 1.m) from a 1024-entry table (ops/tables.py ``recip_table``) with the exponent
+    subtracted (sigma's float16 mantissa has 10 bits; scaling by 2**-e is exact, the result
+    stays normal); sigma == 0 gives (1, 0), so xf = +-0 and code 0."""
+    s = sigma.to(tl.float32)
+    b = s.to(tl.int32, bitcast=True)
+    t = tl.load(recip_ptr + ((b >> 13) & 1023)).to(tl.int32, bitcast=True)
+    inv = (t - (b & 0x7F800000) + (127 << 23)).to(tl.float32, bitcast=True)
+    pos = sigma > 0
+    return tl.where(pos, s, 1.0), tl.where(pos, inv, 0.0)
+
+
+@triton.jit
+def _encode_rows(xn, mu, sgd, isg, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
+                 tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr,
                  EPS: tl.constexpr, RS: tl.constexpr, A_BITS: tl.constexpr,
                  R_BITS: tl.constexpr, BIAS: tl.constexpr,
                  A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, SMEM: tl.constexpr):
-    """xn (normalised values, any shape of RS*8), mu / sigma (f16, broadcastable) -> packed
-    codes of the RS groups ``grp`` (stored where ``gm``)."""
-    sg = sigma.to(tl.float32)
-    isg = tl.where(sigma > 0, tl.math.div_rn(tl.full(sg.shape, 1.0, tl.float32), sg), 0.0)
+    """xn (normalised values, any shape of RS*8), mu (f16) and _sigma_div's (sgd, isg), all
+    broadcastable -> packed codes of the RS groups ``grp`` (stored where ``gm``)."""
     # codes only compare |xf| with thresholds >= 5e-8: the FMA division is exact where it
     # matters (|xc| >= 2**-102) and keeps the sign everywhere; sigma == 0 gives +-0
-    xf = div_known(xn - mu.to(tl.float32), tl.where(sigma > 0, sg, 1.0), isg)
-    u = _split(tl.reshape(xf, [RS, 8]), tab, search_ptr, ALPHA, SCALE, EPS, A_BITS,
+    xf = div_known(xn - mu.to(tl.float32), sgd, isg)
+    u = _split(tl.reshape(xf, [RS, 8]), tab, search_ptr, ALPHA, SCALE, P0, EPS, A_BITS,
                R_BITS, BIAS, RS, SMEM)
     _store_fields(u, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, grp, gm, A_BITS, R_BITS,
                   BIAS, A_WORDS, R_WORDS, RS)
 
 
 @triton.jit
-def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats, codes_off,
-                   res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
-                   SCALE: tl.constexpr, EPS: tl.constexpr,
+def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats, recip_ptr,
+                   codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr,
+                   ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
                    BT: tl.constexpr, G: tl.constexpr, C: tl.constexpr, CS: tl.constexpr,
                    A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
-                   A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
-                   MIDRANGE: tl.constexpr, TREE: tl.constexpr, FAST: tl.constexpr,
-                   SMEM: tl.constexpr):
+                   A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr,
+                   TREE: tl.constexpr, FAST: tl.constexpr, SMEM: tl.constexpr):
     """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8] and gmin, scale [G, 8]:
     chunk statistics, then the strip again in NIT = C / CS steps of [NC, CS, G, 8] (step k
     holds chunk tokens c = cs * NIT + k), normalised, coded and stored."""
@@ -296,14 +310,15 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
     smask = (nc < nct)[:, None, None] & (dg < D)[None, :, :]
     tl.store(stats + sidx, mu, mask=smask)
     tl.store(stats + H * nct * D + sidx, sigma, mask=smask)
+    sgd, isg = _sigma_div(sigma, recip_ptr)
     for k in range(NIT):
         tr = tr0 + k
         m = (tr < tp)[:, None] & cm
         xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=0.0)
         xn = _div(tl.reshape(xk, [NC, CS, G, 8]).to(tl.float32) - gmin, sc, y, FAST)
-        _encode_rows(xn, tl.expand_dims(mu, 1), tl.expand_dims(sigma, 1),
+        _encode_rows(xn, tl.expand_dims(mu, 1), tl.expand_dims(sgd, 1), tl.expand_dims(isg, 1),
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
-                     r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, EPS,
+                     r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, P0, EPS,
                      RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM)
 
 
@@ -318,14 +333,13 @@ def _row_first(x, RS: tl.constexpr):
 
 
 @triton.jit
-def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes_off, res_off,
-                 a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
-                 SCALE: tl.constexpr, EPS: tl.constexpr,
-                 BT: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
-                 C: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
-                 BIAS: tl.constexpr, A_WORDS: tl.constexpr,
-                 R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr, TREE: tl.constexpr,
-                 FAST: tl.constexpr, SMEM: tl.constexpr):
+def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip_ptr, codes_off,
+                 res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
+                 SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr, BT: tl.constexpr,
+                 G: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr, C: tl.constexpr,
+                 A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
+                 A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr,
+                 TREE: tl.constexpr, FAST: tl.constexpr, SMEM: tl.constexpr):
     """Token axis, given gmin, scale [G, 8]: the strip again, TS tokens at a time as
     [TS, NCD, GC, 8], normalised; chunk statistics per token, codes, stores."""
     NCD: tl.constexpr = G // GC
@@ -370,9 +384,10 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes
         smask = (tr < tp) & (gr < D) & ((r % GC) == 0)
         tl.store(stats + sidx, mu_r, mask=smask)
         tl.store(stats + H * tp * ncd + sidx, sg_r, mask=smask)
-        _encode_rows(xn, mu[:, :, None, None], sigma[:, :, None, None],
+        sgd, isg = _sigma_div(sigma, recip_ptr)
+        _encode_rows(xn, mu[:, :, None, None], sgd[:, :, None, None], isg[:, :, None, None],
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
-                     r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, EPS, RS,
+                     r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, P0, EPS, RS,
                      A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM)
 
 
@@ -384,12 +399,13 @@ def lynx_compress_kernel(
         r8_ptr, rw_ptr,                  # the residual buffer as uint8 / words of R_BITS bytes
         plan_ptr,                        # int64 [num_pages, NF]
         search_ptr,                      # this stream's LogSearch entries (ops/tables.py)
+        recip_ptr,                       # float32 [1024]: RN(1 / 1.m) (ops/tables.py)
         H, D, NUM_DT,
         WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
         C: tl.constexpr, CS: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
         BS: tl.constexpr, ES: tl.constexpr,
         A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
-        ALPHA: tl.constexpr, SCALE: tl.constexpr, EPS: tl.constexpr,
+        ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
         MIDRANGE: tl.constexpr, SAFE_MIN: tl.constexpr, A_WORDS: tl.constexpr,
         R_WORDS: tl.constexpr, SEC: tl.constexpr, SMEM: tl.constexpr,
         TREE: tl.constexpr = True):
@@ -495,25 +511,25 @@ def lynx_compress_kernel(
     if tl.min(ok.to(tl.int32)) == 1:
         if not TOKEN_AXIS:
             _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats,
-                           codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr,
-                           ALPHA, SCALE, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS,
+                           recip_ptr, codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab,
+                           search_ptr, ALPHA, SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS,
                            A_WORDS, R_WORDS, MIDRANGE, TREE, True, SMEM)
         else:
-            _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes_off,
-                         res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
-                         SCALE, EPS, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, A_WORDS,
-                         R_WORDS, MIDRANGE, TREE, True, SMEM)
+            _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip_ptr,
+                         codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
+                         SCALE, P0, EPS, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
+                         MIDRANGE, TREE, True, SMEM)
     else:
         if not TOKEN_AXIS:
             _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats,
-                           codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr,
-                           ALPHA, SCALE, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS,
+                           recip_ptr, codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab,
+                           search_ptr, ALPHA, SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS,
                            A_WORDS, R_WORDS, MIDRANGE, TREE, False, SMEM)
         else:
-            _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, codes_off,
-                         res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
-                         SCALE, EPS, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, A_WORDS,
-                         R_WORDS, MIDRANGE, TREE, False, SMEM)
+            _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip_ptr,
+                         codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
+                         SCALE, P0, EPS, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
+                         MIDRANGE, TREE, False, SMEM)
     gdt = akv_ptr.dtype.element_ty
     dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]
     gmask = dg < tl.minimum(tp, 1) * D  # no gamma for a page without body tokens

@@ -7,7 +7,7 @@ from lynx_npu.codec.lynx_config import LynxConfig
 from lynx_npu.codec.lynx_layout import page_layout, page_spans
 from lynx_npu.ops import plan as P
 from lynx_npu.ops.tables import (codes_via_buckets, codes_via_log_search, log_search,
-                                 quant_tables)
+                                 quant_tables, recip_table)
 
 
 @pytest.mark.parametrize("t", [1, 4, 5, 255, 257, 1000])
@@ -62,3 +62,14 @@ def test_bucket_lookup_is_searchsorted(alpha, anchor_bits):
 def test_log_search_refuses_an_alpha_too_small_for_float32():
     with pytest.raises(ValueError, match="too small"):
         log_search(1e-6, 112, 7)
+
+
+def test_recip_table_gives_every_float16_reciprocal_exactly():
+    """The compress kernel's 1 / sigma (gpu/lynx_compress.py ``_sigma_div``): the table entry of
+    the 10 mantissa bits, the exponent subtracted in the bits; for every positive finite
+    float16, equal to float32 division."""
+    sig = torch.arange(1, 0x7C00, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    b = sig.view(torch.int32)
+    t = recip_table(torch.device("cpu")).view(torch.int32)[(b >> 13) & 1023]
+    got = (t - (b & 0x7F800000) + (127 << 23)).view(torch.float32)
+    assert torch.equal(got, 1.0 / sig)
