@@ -29,7 +29,8 @@ MAX_PAGE = 1024
 # Channels whose page min has |gmin| >= this take the FMA division (see lynx_compress.py).
 SAFE_MIN = {torch.float16: 0.0, torch.bfloat16: 2.0 ** -77, torch.float32: 2.0 ** -77}
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
-TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True, "SMEM": None},
+TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True, "SMEM": None,
+                       "maxnreg": None},
           "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None}}
 
 
@@ -76,6 +77,13 @@ def _decode_blocks(cfg, head_dim: int, which: str) -> dict:
     return {"TOKEN_AXIS": b["TOKEN_AXIS"], "TB": tb, "NTB": triton.cdiv(b["BT"], tb), "G": g,
             "C": cfg.chunk_size, "EVEN_D": head_dim == 8 * g,
             "num_warps": tune["num_warps"] or 4}
+
+
+def _regs(which: str) -> dict:
+    """Register cap of the K / V compress kernel (ptxas maxnreg), when one is set."""
+    cap = TUNING["compress"]["maxnreg"]
+    cap = cap.get(which) if isinstance(cap, dict) else cap
+    return {"maxnreg": cap} if cap else {}
 
 
 def _table_in_smem() -> bool:
@@ -180,8 +188,7 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
             MIDRANGE=cfg.center == "midrange",
             TREE=TUNING["compress"]["TREE"], SAFE_MIN=SAFE_MIN[k.dtype], A_WORDS=a_words,
             R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),
-            num_warps=blk["num_warps"],
-            enable_fp_fusion=False)
+            num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
     return anchor, residual
 
 

@@ -25,11 +25,13 @@ from lynx_npu.eval.bench_kernels import _time_steady as _time, synthetic_kv
 from . import launch
 
 # BD: channels per program (a strip of all the page's tokens); RPT: groups of 8 values per
-# thread per step; SMEM False reads the search table from global memory instead. The default
+# thread per step; SMEM False reads the search table from global memory instead; maxnreg caps
+# the registers (per kernel: {"k": .., "v": ..}) for more programs per SM. The default
 # (BD 64, 4 warps, RPT 2, table in shared memory) was the fastest on the H100 (docs/benchmarks.md).
 COMPRESS = [dict(BD=64, num_warps=4), dict(BD=64, num_warps=4, RPT=1),
-            dict(BD=64, num_warps=4, RPT=4), dict(BD=64, num_warps=4, SMEM=False),
-            dict(BD=32, num_warps=4), dict(BD=64, num_warps=8)]
+            dict(BD=64, num_warps=4, maxnreg={"k": 96}), dict(BD=64, num_warps=4, maxnreg=80),
+            dict(BD=64, num_warps=4, maxnreg={"k": 96, "v": 80}),
+            dict(BD=64, num_warps=2), dict(BD=64, num_warps=8, maxnreg=64)]
 # TB: tokens per program (all head_dim channels; at most the chunk on the channel axis).
 DECOMPRESS = [dict(TB=32, num_warps=4), dict(TB=16, num_warps=2), dict(TB=64, num_warps=8)]
 
@@ -67,20 +69,20 @@ def main(argv=None) -> int:
     base = None
     for var in COMPRESS:
         launch.TUNING["compress"].update({"BD": None, "num_warps": None, "RPT": None, "TREE": True,
-                                           "SMEM": None, **var})
+                                           "SMEM": None, "maxnreg": None, **var})
         a, r = ops.compress(k, v, cfg, backend="triton")
         if base is None:
             base = (a, r)
         same = bool(torch.equal(a, base[0]) and torch.equal(r, base[1]))
         sec = _time(lambda: ops.compress(k, v, cfg, backend="triton"), "cuda", args.repeats)
         gbps = (kv_bytes + a.numel() + r.numel()) / sec / 1e9
-        rows.append({"op": "compress", **var, "gbps": gbps, "same_bytes": same})
-        print(f"compress {var}: {gbps:.0f} GB/s ({gbps / copy:.0%}), same bytes {same}", flush=True)
+        us = [t for _, t in kernel_times(lambda: ops.compress(k, v, cfg, backend="triton"))]
+        rows.append({"op": "compress", **var, "gbps": gbps, "same_bytes": same,
+                     "kernel_us": us})
+        print(f"compress {var}: {gbps:.0f} GB/s ({gbps / copy:.0%}), same bytes {same}; "
+              f"K, V kernels {', '.join(f'{t:.0f}' for t in us)} us", flush=True)
     launch.TUNING["compress"].update({"BD": None, "num_warps": None, "RPT": None, "TREE": True,
-                                       "SMEM": None})
-    for name, us in kernel_times(lambda: ops.compress(k, v, cfg, backend="triton")):
-        print(f"compress kernel {name}: {us:.0f} us", flush=True)
-        rows.append({"op": "compress_kernel", "kernel": name, "us": us})
+                                       "SMEM": None, "maxnreg": None})
     a, r = base
     ref = None
     for var in ([] if args.compress_only else DECOMPRESS):
