@@ -228,15 +228,19 @@ def _div(a, b, y, FAST: tl.constexpr):
 
 
 @triton.jit
-def _sigma_div(sigma, recip_ptr):
-    """float16 sigma -> (divisor, RN(1 / divisor)) for div_known: the reciprocal exactly, as
-    RN(1 / 1.m) from a 1024-entry table (ops/tables.py ``recip_table``) with the exponent
-    subtracted (sigma's float16 mantissa has 10 bits; scaling by 2**-e is exact, the result
-    stays normal); sigma == 0 gives (1, 0), so xf = +-0 and code 0."""
+def _sigma_div(sigma, recip_ptr, TABLE: tl.constexpr):
+    """float16 sigma -> (divisor, RN(1 / divisor)) for div_known; sigma == 0 gives (1, 0), so
+    xf = +-0 and code 0. TABLE (for reciprocals computed once per strip): RN(1 / 1.m) from a
+    1024-entry table (ops/tables.py ``recip_table``) with the exponent subtracted (a float16
+    mantissa has 10 bits; scaling by 2**-e is exact and the result stays normal), ~5 ops
+    instead of an IEEE division; else the division (no dependent load in a step's chain)."""
     s = sigma.to(tl.float32)
-    b = s.to(tl.int32, bitcast=True)
-    t = tl.load(recip_ptr + ((b >> 13) & 1023)).to(tl.int32, bitcast=True)
-    inv = (t - (b & 0x7F800000) + (127 << 23)).to(tl.float32, bitcast=True)
+    if TABLE:
+        b = s.to(tl.int32, bitcast=True)
+        t = tl.load(recip_ptr + ((b >> 13) & 1023)).to(tl.int32, bitcast=True)
+        inv = (t - (b & 0x7F800000) + (127 << 23)).to(tl.float32, bitcast=True)
+    else:
+        inv = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
     pos = sigma > 0
     return tl.where(pos, s, 1.0), tl.where(pos, inv, 0.0)
 
@@ -310,7 +314,7 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
     smask = (nc < nct)[:, None, None] & (dg < D)[None, :, :]
     tl.store(stats + sidx, mu, mask=smask)
     tl.store(stats + H * nct * D + sidx, sigma, mask=smask)
-    sgd, isg = _sigma_div(sigma, recip_ptr)
+    sgd, isg = _sigma_div(sigma, recip_ptr, True)
     for k in range(NIT):
         tr = tr0 + k
         m = (tr < tp)[:, None] & cm
@@ -384,7 +388,7 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip
         smask = (tr < tp) & (gr < D) & ((r % GC) == 0)
         tl.store(stats + sidx, mu_r, mask=smask)
         tl.store(stats + H * tp * ncd + sidx, sg_r, mask=smask)
-        sgd, isg = _sigma_div(sigma, recip_ptr)
+        sgd, isg = _sigma_div(sigma, recip_ptr, False)
         _encode_rows(xn, mu[:, :, None, None], sgd[:, :, None, None], isg[:, :, None, None],
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
                      r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, P0, EPS, RS,
