@@ -121,3 +121,22 @@ def test_compress_bytes_extreme_values(dtype):
     got = poisoned_compress(k.to(DEVICE), v.to(DEVICE), cfg, "triton")
     want = reference_streams(cfg, k, v)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("alpha_k,alpha_v", [(1e5, 3000.0), (0.01, 255.0)])
+def test_compress_bytes_every_log_search_bias(alpha_k, alpha_v):
+    """The code search's two biases (ops/tables.py LogSearch): eps for a huge alpha (1e5), p0 =
+    1 - delta otherwise, over small to large alphas."""
+    cfg = LynxConfig(alpha_k=alpha_k, alpha_v=alpha_v, **SMALL)
+    for t in SIZES[:2] + SIZES[-1:]:
+        k, v = random_kv(HEADS, t, HEAD_DIM, torch.bfloat16, seed=t)
+        got = poisoned_compress(k.to(DEVICE), v.to(DEVICE), cfg, "triton")
+        want = reference_streams(cfg, k, v)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"{t} tokens"
+
+
+def test_refuses_an_alpha_too_small_for_the_log_search():
+    cfg = LynxConfig(alpha_k=1e-6, **SMALL)
+    k, v = random_kv(HEADS, 8, HEAD_DIM, torch.bfloat16)
+    with pytest.raises(ops.BackendUnavailable, match="too small for the log-search"):
+        ops.compress(k.to(DEVICE), v.to(DEVICE), cfg, backend="triton")
