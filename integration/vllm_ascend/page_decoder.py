@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from lynx_npu import ops
-from lynx_npu.codec.lynx_layout import page_layout
+from lynx_npu.codec.lynx_layout import page_layout, page_sinks
 
 LYNX_FAMILY = ("lynx", "lynx-int4", "lynx-int8")
 
@@ -36,7 +36,7 @@ class OpsPageDecoder:
                     dtype: torch.dtype):
         cfg = self._codec.config
         if self._codec.name == "lynx-int8":
-            ns = min(cfg.num_sink_tokens, token_end) if token_start == 0 else 0
+            ns = page_sinks(cfg, token_start, token_end)
             lay = page_layout(cfg, num_kv_heads, head_dim, dtype, token_end - token_start - ns,
                               ns)
             if anchor.numel() != lay.anchor_nbytes + lay.residual_nbytes:

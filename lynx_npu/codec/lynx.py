@@ -10,7 +10,7 @@ import torch
 from . import lynx_ref, lynx_stream
 from .base import Codec, Encoded, EncodedPage, validate_kv
 from .lynx_config import LynxConfig, make_config
-from .lynx_layout import (SCALAR_DTYPE, PageLayout, PageSpan, page_layout, page_spans,
+from .lynx_layout import (SCALAR_DTYPE, PageLayout, PageSpan, page_layout, page_sinks, page_spans,
                           stream_layout)
 from .packing import pack_bits, packed_nbytes, unpack_bits
 from .registry import register_codec
@@ -155,7 +155,7 @@ class LynxCodec(Codec):
         """Check one received page's buffers and return them in the kernel layout (what
         lynx_npu.ops decompresses) with that layout; without the residual, scalar previews
         are expanded in place of the exact scalars."""
-        ns = min(self.config.num_sink_tokens, token_end) if token_start == 0 else 0
+        ns = page_sinks(self.config, token_start, token_end)
         span = PageSpan(-1, token_start, token_end, token_start + ns, ns)
         lay = self._layout(num_kv_heads, head_dim, dtype, span)
         slay = self._stream_layout(num_kv_heads, head_dim, dtype, span)
@@ -283,8 +283,9 @@ class LynxInt8Codec(LynxCodec):
 
     def decode_page(self, anchor, residual, token_start, token_end, *, num_kv_heads, head_dim,
                     dtype):
-        ns = min(self.config.num_sink_tokens, token_end) if token_start == 0 else 0
-        lay = page_layout(self.config, num_kv_heads, head_dim, dtype, token_end - token_start - ns, ns)
+        ns = page_sinks(self.config, token_start, token_end)
+        lay = page_layout(self.config, num_kv_heads, head_dim, dtype,
+                          token_end - token_start - ns, ns)
         _check_len("lynx-int8", anchor, lay.anchor_nbytes + lay.residual_nbytes)
         return super().decode_page(anchor[:lay.anchor_nbytes], anchor[lay.anchor_nbytes:],
                                    token_start, token_end, num_kv_heads=num_kv_heads,

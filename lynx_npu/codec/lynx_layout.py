@@ -141,6 +141,12 @@ class PageSpan:
         return self.token_end - self.body_start
 
 
+def page_sinks(cfg: LynxConfig, token_start: int, token_end: int) -> int:
+    """Exact sink tokens of the page [token_start, token_end): the layer's first
+    num_sink_tokens, so only the page that starts at token 0 holds any."""
+    return min(cfg.num_sink_tokens, token_end) if token_start == 0 else 0
+
+
 def page_spans(cfg: LynxConfig, num_tokens: int) -> list[PageSpan]:
     ns = min(cfg.num_sink_tokens, num_tokens)
     spans, start, i = [], ns, 0

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from lynx_npu.codec.lynx_config import LynxConfig
-from lynx_npu.codec.lynx_layout import PageLayout, PageSpan, page_layout, page_spans
+from lynx_npu.codec.lynx_layout import (PageLayout, PageSpan, page_layout, page_sinks,
+                                       page_spans)
 
 SECTIONS = ("k_codes", "v_codes", "k_gamma", "v_gamma", "k_stats", "v_stats", "k_sink", "v_sink",
             "k_res", "v_res")
@@ -132,7 +133,7 @@ def page_plan(cfg: LynxConfig, num_kv_heads: int, head_dim: int, dtype: torch.dt
     """A one-page plan for a page buffer on its own (the transport's unit), offsets from 0."""
     if not 0 <= token_start < token_end:
         raise ValueError(f"page token range [{token_start=}, {token_end=}) must be non-empty")
-    ns = min(cfg.num_sink_tokens, token_end) if token_start == 0 else 0
+    ns = page_sinks(cfg, token_start, token_end)
     n = token_end - token_start
     span = PageSpan(0, 0, n, ns, ns)  # token positions relative to the page
     if span.num_tokens > cfg.page_size:
