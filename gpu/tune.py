@@ -1,10 +1,12 @@
 """Time launch variants of the Lynx Triton kernels on one GPU: ``python -m lynx_npu.gpu.tune``.
 
-For each variant (strip width BD, tokens per decompress program TB, num_warps, and for
-compress the chunk-sum order) it times compress / decompress_full / decompress_anchor on the benchmark
-KV (K and V of [256, 16384, 128] bf16, 2.15 GB), checks that the bytes (or values) equal the
-default variant's, and prints effective GB/s against the device copy (device events around
-back-to-back calls, as ``lynx bench kernels``). ``--json`` writes it all. ``--check H`` first
+For each variant (compress: strip width BD, num_warps, groups per thread per step RPT, search
+table in shared or global memory, register cap; decompress: tokens per program TB, num_warps)
+it times compress (and its K and V kernels) / decompress_full / decompress_anchor on the
+benchmark KV (K and V of [256, 16384, 128] bf16, 2.15 GB), checks that the bytes (or values)
+equal the default variant's, and prints effective GB/s against the device copy (device events
+around back-to-back calls, as ``lynx bench kernels``). ``--json`` writes it all; ``--compress-only``
+skips the decompress variants. ``--check H`` first
 compares the default variant with the torch reference codec, run on the GPU, on the first H
 heads of that KV (both chunk centres): compressed bytes and both decompressed stages.
 """
@@ -105,7 +107,8 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_gbps": copy,
-                       "shape": [args.heads, args.tokens, args.head_dim], "rows": rows}, f, indent=1)
+                       "shape": [args.heads, args.tokens, args.head_dim], "rows": rows}, f,
+                      indent=1)
     return 0
 
 
