@@ -52,7 +52,7 @@ F_PADS = tl.constexpr(P.F_PADS)
 NUM_PADS = tl.constexpr(P.NUM_PADS)
 NF = tl.constexpr(P.NUM_FIELDS)
 MAGIC = tl.constexpr(T.MAGIC)  # y + MAGIC rounds y to an integer, in the low mantissa bits
-MAGIC_BITS = tl.constexpr(0x4B400000)  # float32 bits of MAGIC
+MAGIC_BITS = tl.constexpr(T.MAGIC_BITS)  # float32 bits of MAGIC
 SEARCH_LEN = tl.constexpr(T.SEARCH_LEN)
 # triton.jit reads TRITON_INTERPRET at import, as here: the interpreter has no fast_log2f
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")

@@ -93,6 +93,7 @@ def codes_via_buckets(x_abs: torch.Tensor, t: QuantTables) -> torch.Tensor:
 
 
 MAGIC = 12582912.0     # 1.5 * 2**23: x + MAGIC rounds x (|x| < 2**22) to an integer in the bits
+MAGIC_BITS = int(np.float32(MAGIC).view(np.int32))  # 0x4B400000: bits(x + MAGIC) - MAGIC_BITS
 SEARCH_LEN = 256       # float32 entries of a LogSearch table (covers y_max + bias + 2 <= 256)
 
 
@@ -161,7 +162,7 @@ def codes_via_log_search(x_abs: torch.Tensor, s: LogSearch, bias: int,
         w = ((lg * s.scale - s.eps).float() + magic).float()
     else:
         w = (lg * s.scale + magic).float()
-    u0 = (w.view(torch.int32) - int(np.float32(MAGIC).view(np.int32))).long()
+    u0 = (w.view(torch.int32) - MAGIC_BITS).long()
     t = torch.from_numpy(s.entries)[u0]
     return u0 + ((a.view(torch.int32) - t.view(torch.int32)) >> 31).long() - bias
 
