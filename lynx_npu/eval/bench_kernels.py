@@ -65,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed repetitions (default 10 on accelerators, 5 on cpu)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--paged-layout", default=None,
+                        help="KV cache layout of decompress_paged (ops/kv_layouts.py; default: "
+                             + ", ".join(f"{d} {n}" for d, n in PAGED_LAYOUT.items()) + ")")
+    parser.add_argument("--block-order", choices=("random", "sequential"), default="random",
+                        help="order of the paged cache's blocks in the slot mapping")
 
 
 def _log(message: str) -> None:
@@ -128,11 +133,12 @@ def synthetic_kv(layers, heads, tokens, head_dim, dtype, device, seed=0):
     return out
 
 
-def _paged_setup(layout_name, heads, tokens, head_dim, dtype, device, seed):
+def _paged_setup(layout_name, heads, tokens, head_dim, dtype, device, seed, random_order=True):
     bs = BLOCK_SIZE[device]
     nblocks = -(-tokens // bs)
     cache = get_layout(layout_name).allocate(nblocks, bs, heads, head_dim, dtype, device)
-    order = torch.randperm(nblocks, generator=torch.Generator().manual_seed(seed))
+    order = torch.randperm(nblocks, generator=torch.Generator().manual_seed(seed)) \
+        if random_order else torch.arange(nblocks)
     slots = (order.repeat_interleave(bs) * bs + torch.arange(bs).repeat(nblocks))[:tokens]
     return cache, slots.to(device)
 
@@ -174,10 +180,10 @@ def run(args) -> int:
         streams = [ops.compress(k, v, cfg, backend=backend) for k, v in kv]
         a_bytes = sum(a.numel() for a, _ in streams)
         r_bytes = sum(r.numel() for _, r in streams)
-        paged = [_paged_setup(PAGED_LAYOUT[device], heads, tokens, head_dim, dtype, device,
-                              args.seed + i) for i in range(layers)] \
+        layout = args.paged_layout or PAGED_LAYOUT[device]
+        paged = [_paged_setup(layout, heads, tokens, head_dim, dtype, device, args.seed + i,
+                              args.block_order == "random") for i in range(layers)] \
             if "decompress_paged" in want_ops else []
-        layout = PAGED_LAYOUT[device]
         jobs = {
             "compress": (lambda: [ops.compress(k, v, cfg, backend=backend) for k, v in kv],
                          kv_bytes + a_bytes + r_bytes),
@@ -207,6 +213,9 @@ def run(args) -> int:
                  + (f" (one call {res['latency_s'] * 1e3:.2f} ms)" if "latency_s" in res else ""))
     out = {"device": _device_name(device), "copy_gbps": copy_gbps, "results": results,
            "dtype": args.dtype, "config": dataclasses.asdict(cfg)}
+    if "decompress_paged" in want_ops:
+        out["paged"] = {"layout": args.paged_layout or PAGED_LAYOUT[device],
+                        "block_order": args.block_order}
     if device == "cpu":
         out["threads"] = torch.get_num_threads()
     if args.json:

@@ -1,0 +1,31 @@
+"""``lynx bench kernels`` on the CPU, tiny: the JSON the issue specifies and the paged options."""
+import argparse
+import json
+
+import pytest
+
+from lynx_npu.eval import bench_kernels
+
+
+def _run(tmp_path, *argv):
+    p = argparse.ArgumentParser()
+    bench_kernels.add_arguments(p)
+    out = tmp_path / "bench.json"
+    args = p.parse_args(["--device", "cpu", "--layers", "1", "--kv-heads", "2", "--tokens", "300",
+                         "--head-dim", "64", "--repeats", "1", "--json", str(out), *argv])
+    assert bench_kernels.run(args) == 0
+    return json.loads(out.read_text())
+
+
+def test_json_schema_and_paged_options(tmp_path):
+    got = _run(tmp_path, "--paged-layout", "vllm_ascend", "--block-order", "sequential")
+    assert got["device"].startswith("cpu") and got["copy_gbps"] > 0
+    assert [r["op"] for r in got["results"]] == list(bench_kernels.OPS)
+    for r in got["results"]:
+        assert r["backend"] and r["shape"] == [1, 2, 300, 64] and r["gbps"] > 0
+    assert got["paged"] == {"layout": "vllm_ascend", "block_order": "sequential"}
+
+
+def test_unknown_paged_layout_is_named(tmp_path):
+    with pytest.raises((KeyError, ValueError), match="no_such_layout"):
+        _run(tmp_path, "--ops", "decompress_paged", "--paged-layout", "no_such_layout")
