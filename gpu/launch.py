@@ -31,7 +31,7 @@ SAFE_MIN = {torch.float16: 0.0, torch.bfloat16: 2.0 ** -77, torch.float32: 2.0 *
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
 TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True, "SMEM": None,
                        "maxnreg": None},
-          "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None}}
+          "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None, "SLOTS32": None}}
 
 
 def _pow2(n: int) -> int:
@@ -46,22 +46,35 @@ def _blocks(cfg, head_dim: int, which: str) -> dict:
     c = cfg.chunk_size
     token = cfg.axis(which) == "token"
     tune = TUNING["compress"]
-    # Measured on an H100 (docs/benchmarks.md, python -m lynx_npu.gpu.tune): 64-channel strips
-    # (32 where the page is longer than 256 tokens, as before), 4 warps, two groups of 8
-    # values per thread per step (RPT 2: +5% over 1, the per-step work shared by 16 values).
-    bd = tune["BD"] or max(8, min(64 if bt <= 256 else 32, _pow2(head_dim)))
+    # Measured on an H100 (docs/benchmarks.md, python -m lynx_npu.gpu.tune): 4 warps, two
+    # groups of 8 values per thread per step (RPT 2: +5% over 1, the per-step work shared by
+    # 16 values). With the midrange centre: on the channel axis NC * G = the thread count, so
+    # each thread walks whole chunks (lynx_compress.py), on the token axis 128 channels; with
+    # the mean, 64-channel strips (32 where the page is longer than 256 tokens), as its
+    # whole-strip load must fit in registers.
+    warps = tune["num_warps"] or 4
+    nc = max(bt // c, 1)
+    if cfg.center == "midrange" and not token:
+        bd = max(8, min(8 * max(32 * warps // nc, 1), _pow2(head_dim)))
+    elif cfg.center == "midrange":  # 128-channel strips: the fixed work per strip halves
+        bd = max(8, min(128, _pow2(head_dim)))
+    else:
+        bd = max(8, min(64 if bt <= 256 else 32, _pow2(head_dim)))
+    bd = tune["BD"] or bd
     ce = min(c, _pow2(head_dim))
     if token:
         bd = max(bd, ce)
         if bd % ce:
             bd = ce
     g = bd // 8
-    warps = tune["num_warps"] or 4
-    rows = 32 * warps * (tune["RPT"] or 2)  # groups of 8 values per step
-    nc = max(bt // c, 1)
+    rpt = tune["RPT"] or 2
+    rows = 32 * warps * rpt  # groups of 8 values per step
+    gc = max(ce // 8, 1)
     return {"TOKEN_AXIS": token, "BT": bt, "BD": bd, "G": g, "C": c, "CE": ce,
-            "CS": max(1, min(c, rows // (nc * g))), "TS": max(1, min(bt, rows // g)),
-            "GC": max(ce // 8, 1), "num_dt": triton.cdiv(head_dim, bd), "num_warps": warps}
+            "CS": max(1, min(c, rows // (nc * g))),
+            # token axis: RPT groups of a chunk per thread, the rest of it across lanes
+            "GT": min(gc, rpt), "TS": max(1, min(bt, 32 * warps * min(gc, rpt) // g)),
+            "GC": gc, "num_dt": triton.cdiv(head_dim, bd), "num_warps": warps}
 
 
 def _decode_blocks(cfg, head_dim: int, which: str) -> dict:
@@ -111,7 +124,8 @@ def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
         return f"page_size={cfg.page_size} must be <= {MAX_PAGE}"
     for which in "kv":
         b = _blocks(cfg, head_dim, which)
-        if b["BT"] * b["BD"] > MAX_TILE:
+        whole = not b["TOKEN_AXIS"] and cfg.center == "mean"  # the strip loaded at once
+        if whole and b["BT"] * b["BD"] > MAX_TILE:
             return f"a [{b['BT']}, {b['BD']}] tile exceeds {MAX_TILE} values (page_size/chunk_size)"
         if not b["TOKEN_AXIS"] and c > b["BT"]:
             return f"chunk_size={c} exceeds the page"
@@ -182,12 +196,14 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
             search_entries[wi], recip_table(dev),
             plan.num_kv_heads, plan.head_dim, blk["num_dt"],
             WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
-            CS=blk["CS"], GC=blk["GC"], TS=blk["TS"], BS=_pow2(cfg.num_sink_tokens), ES=es,
+            CS=blk["CS"], GC=blk["GC"], TS=blk["TS"], GT=blk["GT"],
+            BS=_pow2(cfg.num_sink_tokens), ES=es,
             A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits, BIAS=cfg.bias,
             ALPHA=search.alpha, SCALE=search.scale, P0=search.p0, EPS=search.eps,
             MIDRANGE=cfg.center == "midrange",
             TREE=TUNING["compress"]["TREE"], SAFE_MIN=SAFE_MIN[k.dtype], A_WORDS=a_words,
             R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),
+            EVEN_D=plan.head_dim % blk["BD"] == 0,
             num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
     return anchor, residual
 
@@ -208,6 +224,8 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
     slots = dest.slot_mapping if dest.slot_mapping is not None else table
     bs = dest.block_size
     bs_shift = bs.bit_length() - 1 if bs & (bs - 1) == 0 else -1
+    # 32-bit slot arithmetic where every slot of the cache fits (TUNING can turn it off)
+    slots32 = dest.num_blocks * bs < 2 ** 31 and TUNING["decompress"]["SLOTS32"] is not False
     for wi, (which, tgt) in enumerate((("k", dest.k), ("v", dest.v))):
         blk = _decode_blocks(cfg, plan.head_dim, which)
         # Programs run roughly in grid order, dimension 0 fastest: token tiles, then heads.
@@ -222,12 +240,13 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
             a8, akv, a16, aw, r8, rw, table,
             tabs["signed_levels" if has_res else "anchor_levels"][wi],
             tgt.tensor, tgt.offset, tgt.s_block, tgt.s_token, tgt.s_head, tgt.s_dim,
-            dest.block_size, slots, plan.num_kv_heads, plan.head_dim,
+            dest.block_size, dest.num_blocks * bs, slots, plan.num_kv_heads, plan.head_dim,
             WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], NTB=blk["NTB"], TB=blk["TB"], G=blk["G"],
             C=blk["C"], BS=_pow2(cfg.num_sink_tokens), ES=es, A_BITS=cfg.anchor_bits,
             R_BITS=cfg.residual_bits, HAS_RES=has_res, PAGED=dest.slot_mapping is not None,
             INTERPRET=interpreting(), ALIGN=align, A_WORDS=a_words, R_WORDS=r_words,
             EVEN_D=blk["EVEN_D"], SEC=plan.section_align, BS_SHIFT=bs_shift,
+            SLOTS32=slots32,
             HEADS_FAST=heads_fast,
             num_warps=blk["num_warps"], enable_fp_fusion=False)
 

@@ -60,3 +60,30 @@ def div_known(x, b, y):
 @triton.jit
 def minmax_combine(a_lo, a_hi, b_lo, b_hi):
     return tl.minimum(a_lo, b_lo), tl.maximum(a_hi, b_hi)
+
+
+@triton.jit
+def pmin(a, b):
+    """tl.minimum (minnum: a NaN operand is ignored); 16-bit floats as packed pairs of
+    consecutive values (min.{bf16x2,f16x2}: LLVM otherwise re-pairs halves with PRMT)."""
+    if a.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise("min.bf16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                         dtype=tl.bfloat16, is_pure=True, pack=2)
+    elif a.dtype == tl.float16:
+        return tl.inline_asm_elementwise("min.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                         dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        return tl.minimum(a, b)
+
+
+@triton.jit
+def pmax(a, b):
+    """tl.maximum as pmin."""
+    if a.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise("max.bf16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                         dtype=tl.bfloat16, is_pure=True, pack=2)
+    elif a.dtype == tl.float16:
+        return tl.inline_asm_elementwise("max.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                         dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        return tl.maximum(a, b)

@@ -37,7 +37,7 @@ from triton.language.extra import libdevice
 from lynx_npu.ops import plan as P
 from lynx_npu.ops import tables as T
 
-from .lynx_common import div_known, minmax_combine, section
+from .lynx_common import div_known, minmax_combine, pmax, pmin, section
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -139,6 +139,19 @@ def _pack_store(f, b8_ptr, w_ptr, off, grp, gmask, BITS: tl.constexpr, WORDS: tl
 
 
 @triton.jit
+def _load_rows(xh, s_t, body0, tr, tp, xoff, cm, other, EVEN_D: tl.constexpr):
+    """The strip's rows of page tokens ``tr`` [R] (channel offsets ``xoff`` [R, 8]). Tokens past
+    the page body (tp >= 1) read its last token instead: a copy changes no min / max, and
+    what is computed from it is never stored; so only channels past head_dim (not EVEN_D)
+    need a mask, and the full strips of real KV load with no mask and no fill registers."""
+    ptr = xh + ((body0 + tl.minimum(tr, tp - 1)) * s_t)[:, None] + xoff
+    if EVEN_D:
+        return tl.load(ptr)
+    else:
+        return tl.load(ptr, mask=cm, other=other)
+
+
+@triton.jit
 def _stats(lo, hi, csum, count, MIDRANGE: tl.constexpr):
     """(mu f16, sigma f16) of chunks with min / max ``lo`` / ``hi`` of their normalised values
     (``csum``: their tree sum, for the mean). Unused arguments may be anything."""
@@ -152,69 +165,54 @@ def _stats(lo, hi, csum, count, MIDRANGE: tl.constexpr):
 
 
 @triton.jit
-def _fold0(x, A: tl.constexpr, B: tl.constexpr, N: tl.constexpr, G: tl.constexpr):
-    """[A, B, N, G, 8] -> [A // 2, B, N, G, 8] with s[i] = x[2i] + x[2i + 1]."""
-    return tl.sum(tl.reshape(x, [A // 2, 2, B, N, G, 8]), axis=1)
+def _fold0(x, A: tl.constexpr, B: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+           E: tl.constexpr):
+    """[A, B, N, G, E] -> [A // 2, B, N, G, E] with s[i] = x[2i] + x[2i + 1]."""
+    return tl.sum(tl.reshape(x, [A // 2, 2, B, N, G, E]), axis=1)
 
 
 @triton.jit
-def _tree0(x, N: tl.constexpr, B: tl.constexpr, NC: tl.constexpr, G: tl.constexpr):
-    """Pairwise sum over axis 0 of [N, B, NC, G, 8] -> [B, NC, G, 8] (N a power of two <= 256;
-    each fold runs when the axis still has that size)."""
+def _tree0(x, N: tl.constexpr, B: tl.constexpr, NC: tl.constexpr, G: tl.constexpr,
+           E: tl.constexpr):
+    """Pairwise sum over axis 0 of [N, B, NC, G, E] -> [B, NC, G, E] (N a power of two
+    <= 256; each fold runs when the axis still has that size)."""
     if N >= 256:
-        x = _fold0(x, 256, B, NC, G)
+        x = _fold0(x, 256, B, NC, G, E)
     if N >= 128:
-        x = _fold0(x, 128, B, NC, G)
+        x = _fold0(x, 128, B, NC, G, E)
     if N >= 64:
-        x = _fold0(x, 64, B, NC, G)
+        x = _fold0(x, 64, B, NC, G, E)
     if N >= 32:
-        x = _fold0(x, 32, B, NC, G)
+        x = _fold0(x, 32, B, NC, G, E)
     if N >= 16:
-        x = _fold0(x, 16, B, NC, G)
+        x = _fold0(x, 16, B, NC, G, E)
     if N >= 8:
-        x = _fold0(x, 8, B, NC, G)
+        x = _fold0(x, 8, B, NC, G, E)
     if N >= 4:
-        x = _fold0(x, 4, B, NC, G)
+        x = _fold0(x, 4, B, NC, G, E)
     if N >= 2:
-        x = _fold0(x, 2, B, NC, G)
-    return tl.reshape(x, [B, NC, G, 8])
+        x = _fold0(x, 2, B, NC, G, E)
+    return tl.reshape(x, [B, NC, G, E])
 
 
 @triton.jit
 def _tree_channel(xn, CR: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, G: tl.constexpr):
     """Pairwise sum over the chunk's tokens c = cw*CR + cr of [CR, CW, NC, G, 8] -> [NC, G, 8]
     (lynx_ref.tree_sum's order: cr pairs first, then cw pairs)."""
-    x = _tree0(xn, CR, CW, NC, G)
-    return tl.reshape(_tree0(tl.reshape(x, [CW, 1, NC, G, 8]), CW, 1, NC, G), [NC, G, 8])
+    x = _tree0(xn, CR, CW, NC, G, 8)
+    return tl.reshape(_tree0(tl.reshape(x, [CW, 1, NC, G, 8]), CW, 1, NC, G, 8), [NC, G, 8])
 
 
 @triton.jit
-def _fold3(x, A: tl.constexpr, B: tl.constexpr, N: tl.constexpr):
-    """[A, B, N] -> [A, B, N // 2] with s[i] = x[2i] + x[2i + 1]."""
-    return tl.sum(tl.reshape(x, [A, B, N // 2, 2]), axis=3)
-
-
-@triton.jit
-def _tree_token(xn, BT: tl.constexpr, NCD: tl.constexpr, GC: tl.constexpr):
-    """Pairwise sum over the chunk's channels gc*8 + j of [BT, NCD, GC, 8] -> [BT, NCD]."""
-    x = tl.reshape(xn, [BT, NCD * GC, 8])
-    x = _fold3(x, BT, NCD * GC, 8)
-    x = _fold3(x, BT, NCD * GC, 4)
-    x = _fold3(x, BT, NCD * GC, 2)
-    x = tl.reshape(x, [BT, NCD, GC])
-    if GC >= 64:
-        x = _fold3(x, BT, NCD, 64)
-    if GC >= 32:
-        x = _fold3(x, BT, NCD, 32)
-    if GC >= 16:
-        x = _fold3(x, BT, NCD, 16)
-    if GC >= 8:
-        x = _fold3(x, BT, NCD, 8)
-    if GC >= 4:
-        x = _fold3(x, BT, NCD, 4)
-    if GC >= 2:
-        x = _fold3(x, BT, NCD, 2)
-    return tl.reshape(x, [BT, NCD])
+def _tree_token(xz, GT: tl.constexpr, TS: tl.constexpr, NCD: tl.constexpr, GL: tl.constexpr):
+    """Pairwise sum over the chunk's channels (gt * GL + gl) * 8 + j of [GT, TS, NCD, GL, 8]
+    -> [TS, NCD] (lynx_ref.tree_sum's order: j pairs first, then gl, then gt)."""
+    x = tl.permute(xz, [4, 0, 1, 2, 3])  # [8, GT, TS, NCD, GL]
+    x = _tree0(tl.reshape(x, [8, GT * TS, NCD, GL, 1]), 8, GT * TS, NCD, GL, 1)
+    x = tl.permute(tl.reshape(x, [GT * TS, NCD, GL]), [2, 0, 1])  # [GL, GT * TS, NCD]
+    x = _tree0(tl.reshape(x, [GL, GT * TS, NCD, 1, 1]), GL, GT * TS, NCD, 1, 1)
+    x = _tree0(tl.reshape(x, [GT, TS, NCD, 1, 1]), GT, TS, NCD, 1, 1)
+    return tl.reshape(x, [TS, NCD])
 
 
 @triton.jit
@@ -269,7 +267,8 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
                    BT: tl.constexpr, G: tl.constexpr, C: tl.constexpr, CS: tl.constexpr,
                    A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
                    A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr,
-                   TREE: tl.constexpr, FAST: tl.constexpr, SMEM: tl.constexpr):
+                   TREE: tl.constexpr, FAST: tl.constexpr, SMEM: tl.constexpr,
+                   EVEN_D: tl.constexpr):
     """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8] and gmin, scale [G, 8]:
     chunk statistics, then the strip again in NIT = C / CS steps of [NC, CS, G, 8] (step k
     holds chunk tokens c = cs * NIT + k), normalised, coded and stored."""
@@ -282,9 +281,9 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
     hi_n = _div(hi - gmin, sc, y, FAST)
     nc = tl.arange(0, NC)
     j = tl.arange(0, 8)
-    r = tl.arange(0, RS)  # r = (nc * CS + cs) * G + g (as in pass 1)
+    r = tl.arange(0, RS)  # r = (cs * NC + nc) * G + g (as in pass 1)
     gr = d0 + (r % G) * 8
-    tr0 = (r // (G * CS)) * C + ((r // G) % CS) * NIT
+    tr0 = ((r // G) % NC) * C + (r // (G * NC)) * NIT
     cm = (gr[:, None] + j[None, :]) < D
     xoff = (gr[:, None] + j[None, :]) * s_d
     if MIDRANGE:
@@ -315,84 +314,94 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
     tl.store(stats + sidx, mu, mask=smask)
     tl.store(stats + H * nct * D + sidx, sigma, mask=smask)
     sgd, isg = _sigma_div(sigma, recip_ptr, True)
+    # each step's rows are loaded a step ahead (the re-read mostly comes from L2: its latency
+    # is hidden behind a step of work rather than by other warps, of which there are few)
+    xk = _load_rows(xh, s_t, body0, tr0, tp, xoff, cm, 0.0, EVEN_D)
     for k in range(NIT):
         tr = tr0 + k
-        m = (tr < tp)[:, None] & cm
-        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=0.0)
-        xn = _div(tl.reshape(xk, [NC, CS, G, 8]).to(tl.float32) - gmin, sc, y, FAST)
-        _encode_rows(xn, tl.expand_dims(mu, 1), tl.expand_dims(sgd, 1), tl.expand_dims(isg, 1),
+        x_next = _load_rows(xh, s_t, body0, tr0 + tl.minimum(k + 1, NIT - 1), tp, xoff, cm, 0.0,
+                            EVEN_D)
+        xn = _div(tl.reshape(xk, [CS, NC, G, 8]).to(tl.float32) - gmin, sc, y, FAST)
+        _encode_rows(xn, tl.expand_dims(mu, 0), tl.expand_dims(sgd, 0), tl.expand_dims(isg, 0),
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
                      r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, P0, EPS,
                      RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM)
+        xk = x_next
 
 
 @triton.jit
-def _row_first(x, RS: tl.constexpr):
-    """[..., 8] values of RS rows of 8 (as the strip's steps hold them) -> [RS], each row's
-    first value (register picks, no data movement)."""
-    a, _ = tl.split(tl.reshape(x, [RS, 4, 2]))
-    a, _ = tl.split(tl.reshape(a, [RS, 2, 2]))
-    a, _ = tl.split(a)
-    return a
+def _token_rows(r, d0, TS: tl.constexpr, NCD: tl.constexpr, GT: tl.constexpr,
+                GL: tl.constexpr):
+    """Token axis: row r = ((gt * TS + t) * NCD + ncd) * GL + gl of a step -> (its token t, its
+    first channel), the group gt * GL + gl of chunk ncd (GC = GT * GL groups of 8)."""
+    t = (r // (NCD * GL)) % TS
+    return t, d0 + (((r // GL) % NCD) * GT * GL + (r // (GL * NCD * TS)) * GL + r % GL) * 8
 
 
 @triton.jit
 def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip_ptr, codes_off,
                  res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
                  SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr, BT: tl.constexpr,
-                 G: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr, C: tl.constexpr,
-                 A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
-                 A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr,
-                 TREE: tl.constexpr, FAST: tl.constexpr, SMEM: tl.constexpr):
-    """Token axis, given gmin, scale [G, 8]: the strip again, TS tokens at a time as
-    [TS, NCD, GC, 8], normalised; chunk statistics per token, codes, stores."""
+                 G: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr, GT: tl.constexpr,
+                 C: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
+                 BIAS: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
+                 MIDRANGE: tl.constexpr, TREE: tl.constexpr, FAST: tl.constexpr,
+                 SMEM: tl.constexpr, EVEN_D: tl.constexpr):
+    """Token axis, given gmin, scale [GT, NCD, GL, 8] (pass 1's layout): the strip again, TS
+    tokens at a time as [GT, TS, NCD, GL, 8] (``_token_rows``), normalised; chunk statistics
+    per token, codes, stores. Row r lives in thread r % (32 * num_warps) (the launcher's TS
+    makes TS * NCD * GL the thread count), so a thread holds GT groups of a chunk and GL
+    neighbouring lanes the rest: the chunk's min / max is mostly in registers and its
+    statistics are computed by GL lanes, not by GC."""
     NCD: tl.constexpr = G // GC
+    GL: tl.constexpr = GC // GT
     CE: tl.constexpr = GC * 8
     RS: tl.constexpr = TS * G
     sc = tl.where(scale > 0, scale, 1.0)
     y = tl.math.div_rn(tl.full(sc.shape, 1.0, tl.float32), sc)
-    gmin4 = tl.reshape(gmin, [1, NCD, GC, 8])
-    sc4 = tl.reshape(sc, [1, NCD, GC, 8])
-    y4 = tl.reshape(y, [1, NCD, GC, 8])
+    gmin5 = tl.expand_dims(gmin, 1)
+    sc5 = tl.expand_dims(sc, 1)
+    y5 = tl.expand_dims(y, 1)
     j = tl.arange(0, 8)
-    r = tl.arange(0, RS)  # r = t * G + g
-    gr = d0 + (r % G) * 8
+    t_r, gr = _token_rows(tl.arange(0, RS), d0, TS, NCD, GT, GL)
     cm = (gr[:, None] + j[None, :]) < D
     xoff = (gr[:, None] + j[None, :]) * s_d
-    c0 = d0 + tl.arange(0, NCD) * CE  # first channel of each chunk
+    ts = tl.arange(0, TS)[:, None]
+    c0 = d0 + tl.arange(0, NCD)[None, :] * CE  # first channel of each chunk
     ncd = (D + C - 1) // C
+    # channels past head_dim are NaN, which minnum / maxnum ignore (a chunk's padding); each
+    # step's rows are loaded a step ahead, as on the channel axis
+    xk = _load_rows(xh, s_t, body0, t_r, tp, xoff, cm, float("nan"), EVEN_D)
     for k in range(BT // TS):
-        tr = k * TS + r // G
-        m = (tr < tp)[:, None] & cm
-        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=float("nan"))
-        m4 = tl.reshape(m, [TS, NCD, GC, 8])
-        xn = _div(tl.reshape(xk, [TS, NCD, GC, 8]).to(tl.float32) - gmin4, sc4, y4, FAST)
-        # masked values are NaN (other=NaN below), which minnum / maxnum ignore
-        lo, hi = tl.reduce((xn, xn), 3, minmax_combine)
-        lo, hi = tl.reduce((lo, hi), 2, minmax_combine)  # [TS, NCD]
+        tr = k * TS + t_r
+        x_next = _load_rows(xh, s_t, body0, tl.minimum(k + 1, BT // TS - 1) * TS + t_r, tp, xoff,
+                            cm, float("nan"), EVEN_D)
+        xn = _div(tl.reshape(xk, [GT, TS, NCD, GL, 8]).to(tl.float32) - gmin5, sc5, y5, FAST)
+        lo, hi = tl.reduce((xn, xn), 4, minmax_combine)
+        lo, hi = tl.reduce((lo, hi), 3, minmax_combine)
+        lo, hi = tl.reduce((lo, hi), 0, minmax_combine)  # [TS, NCD]
         if MIDRANGE:
             mu, sigma = _stats(lo, hi, lo, lo, True)
         else:
-            xz = tl.where(m4, xn, 0.0)
+            xz = tl.where(tl.reshape(cm, [GT, TS, NCD, GL, 8]), xn, 0.0)
             if TREE:
-                csum = _tree_token(xz, TS, NCD, GC)
+                csum = _tree_token(xz, GT, TS, NCD, GL)
             else:
-                csum = tl.sum(tl.sum(xz, axis=3), axis=2)
-            count = tl.maximum(tl.minimum(D - c0, C), 1).to(tl.float32)[None, :]
+                csum = tl.sum(tl.sum(tl.sum(xz, axis=4), axis=3), axis=0)
+            count = tl.maximum(tl.minimum(D - c0, C), 1).to(tl.float32)
             mu, sigma = _stats(lo, hi, csum, count, False)
-        # stored from the rows' own layout (no exchange through shared memory): the first
-        # group of each chunk stores its row's copy
-        mu_r = _row_first(tl.broadcast_to(mu[:, :, None, None], [TS, NCD, GC, 8]), RS)
-        sg_r = _row_first(tl.broadcast_to(sigma[:, :, None, None], [TS, NCD, GC, 8]), RS)
-        sidx = (h * tp + tr) * ncd + gr // C
-        smask = (tr < tp) & (gr < D) & ((r % GC) == 0)
-        tl.store(stats + sidx, mu_r, mask=smask)
-        tl.store(stats + H * tp * ncd + sidx, sg_r, mask=smask)
+        t = k * TS + ts
+        sidx = (h * tp + t) * ncd + c0 // C
+        smask = (t < tp) & (c0 < D)
+        tl.store(stats + sidx, mu, mask=smask)
+        tl.store(stats + H * tp * ncd + sidx, sigma, mask=smask)
         sgd, isg = _sigma_div(sigma, recip_ptr, False)
-        _encode_rows(xn, mu[:, :, None, None], sgd[:, :, None, None], isg[:, :, None, None],
-                     (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
-                     r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, P0, EPS, RS,
-                     A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM)
+        _encode_rows(xn, mu[None, :, :, None, None], sgd[None, :, :, None, None],
+                     isg[None, :, :, None, None], (h * tp + tr) * (D // 8) + gr // 8,
+                     (tr < tp) & (gr < D), a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
+                     tab, search_ptr, ALPHA, SCALE, P0, EPS, RS, A_BITS, R_BITS, BIAS, A_WORDS,
+                     R_WORDS, SMEM)
+        xk = x_next
 
 
 @triton.jit
@@ -407,11 +416,12 @@ def lynx_compress_kernel(
         H, D, NUM_DT,
         WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
         C: tl.constexpr, CS: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
+        GT: tl.constexpr,
         BS: tl.constexpr, ES: tl.constexpr,
         A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
         ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
         MIDRANGE: tl.constexpr, SAFE_MIN: tl.constexpr, A_WORDS: tl.constexpr,
-        R_WORDS: tl.constexpr, SEC: tl.constexpr, SMEM: tl.constexpr,
+        R_WORDS: tl.constexpr, SEC: tl.constexpr, SMEM: tl.constexpr, EVEN_D: tl.constexpr,
         TREE: tl.constexpr = True):
     dt = tl.program_id(0) % NUM_DT  # channel strips vary fastest: neighbours share input rows
     page = tl.program_id(0) // NUM_DT
@@ -444,6 +454,8 @@ def lynx_compress_kernel(
                 else:
                     tl.store(r8_ptr + start + o, zero, mask=o < length)
 
+    if tp == 0:  # no body tokens (a page of sinks only): nothing more to write
+        return
     gamma = akv_ptr + section(row, F_GAMMA + WHICH, SEC) // ES
     stats = a16_ptr + section(row, F_STATS + WHICH, SEC) // 2
     codes_off = section(row, F_CODES + WHICH, SEC)
@@ -457,17 +469,20 @@ def lynx_compress_kernel(
         NC: tl.constexpr = BT // C
         NIT: tl.constexpr = C // CS
         RS: tl.constexpr = CS * NC * G
-        # r = (nc * CS + cs) * G + g: chunk token c = cs * NIT + k. The CS tokens of a chunk
-        # and the G groups share a warp (CS * G <= 32 for pages of 8 chunks or fewer), so the
-        # chunk reduction is warp shuffles, not a shared-memory pass across warps.
+        # r = (cs * NC + nc) * G + g: chunk token c = cs * NIT + k. Row r lives in thread
+        # r % (32 * num_warps), so where NC * G is the thread count (the launcher's choice of
+        # BD) a thread holds all CS tokens of its (chunk, group) and walks the chunk: the chunk
+        # reduction stays in registers and each chunk's statistics are computed once, not once
+        # per lane of a shuffle reduction.
         r = tl.arange(0, RS)
-        tr0 = (r // (G * CS)) * C + ((r // G) % CS) * NIT
-    else:
+        tr0 = ((r // G) % NC) * C + (r // (G * NC)) * NIT
+        gr = d0 + (r % G) * 8
+    else:  # the rows of the codes pass (pass 1 then leaves gmin / gmax in its layout)
+        NCD: tl.constexpr = G // GC
+        GL: tl.constexpr = GC // GT
         RS: tl.constexpr = TS * G
         NIT: tl.constexpr = BT // TS
-        r = tl.arange(0, RS)  # r = t * G + g
-        tr0 = r // G
-    gr = d0 + (r % G) * 8
+        tr0, gr = _token_rows(tl.arange(0, RS), d0, TS, NCD, GT, GL)
     cm = (gr[:, None] + j[None, :]) < D
     xoff = (gr[:, None] + j[None, :]) * s_d
     # Values outside the page or head_dim load as NaN, which tl.minimum / tl.maximum ignore
@@ -482,20 +497,18 @@ def lynx_compress_kernel(
             tr = tr0 + k
         else:
             tr = tr0 + k * TS
-        m = (tr < tp)[:, None] & cm
-        xk = tl.load(xh + ((body0 + tr) * s_t)[:, None] + xoff, mask=m, other=float("nan"))
-        xk = xk.to(xdt)
-        lo = tl.minimum(lo, xk)
-        hi = tl.maximum(hi, xk)
+        xk = _load_rows(xh, s_t, body0, tr, tp, xoff, cm, float("nan"), EVEN_D).to(xdt)
+        lo = pmin(lo, xk)
+        hi = pmax(hi, xk)
     lo = lo.to(tl.float32)
     hi = hi.to(tl.float32)
     if not TOKEN_AXIS:  # chunk min / max [NC, G, 8], then over the chunks
-        lo, hi = tl.reduce((tl.reshape(lo, [NC, CS, G, 8]), tl.reshape(hi, [NC, CS, G, 8])), 1,
+        lo, hi = tl.reduce((tl.reshape(lo, [CS, NC, G, 8]), tl.reshape(hi, [CS, NC, G, 8])), 0,
                            minmax_combine)
         gmin, gmax = tl.reduce((lo, hi), 0, minmax_combine)  # [G, 8]
-    else:
-        gmin, gmax = tl.reduce((tl.reshape(lo, [TS, G, 8]), tl.reshape(hi, [TS, G, 8])), 0,
-                               minmax_combine)
+    else:  # [GT, NCD, GL, 8]
+        gmin, gmax = tl.reduce((tl.reshape(lo, [GT, TS, NCD, GL, 8]),
+                                tl.reshape(hi, [GT, TS, NCD, GL, 8])), 1, minmax_combine)
     scale = gmax - gmin
     # The division by the page scale takes the FMA path (div_known) when the whole strip is
     # safe for it: scale <= 2**24 (normal quotients) and every nonzero x - gmin >= 2**-102.
@@ -517,25 +530,31 @@ def lynx_compress_kernel(
             _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats,
                            recip_ptr, codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab,
                            search_ptr, ALPHA, SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS,
-                           A_WORDS, R_WORDS, MIDRANGE, TREE, True, SMEM)
+                           A_WORDS, R_WORDS, MIDRANGE, TREE, True, SMEM, EVEN_D)
         else:
             _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip_ptr,
                          codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
-                         SCALE, P0, EPS, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
-                         MIDRANGE, TREE, True, SMEM)
+                         SCALE, P0, EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
+                         MIDRANGE, TREE, True, SMEM, EVEN_D)
     else:
         if not TOKEN_AXIS:
             _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats,
                            recip_ptr, codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab,
                            search_ptr, ALPHA, SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS,
-                           A_WORDS, R_WORDS, MIDRANGE, TREE, False, SMEM)
+                           A_WORDS, R_WORDS, MIDRANGE, TREE, False, SMEM, EVEN_D)
         else:
             _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip_ptr,
                          codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
-                         SCALE, P0, EPS, BT, G, GC, TS, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
-                         MIDRANGE, TREE, False, SMEM)
+                         SCALE, P0, EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
+                         MIDRANGE, TREE, False, SMEM, EVEN_D)
     gdt = akv_ptr.dtype.element_ty
-    dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]
+    if not TOKEN_AXIS:
+        dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]
+    else:  # gmin's [GT, NCD, GL, 8]: group ncd * GC + gt * GL + gl
+        gt = tl.arange(0, GT)[:, None, None, None]
+        nd = tl.arange(0, NCD)[None, :, None, None]
+        gl = tl.arange(0, GL)[None, None, :, None]
+        dg = d0 + ((nd * GC + gt * GL + gl) * 8 + j[None, None, None, :])
     gmask = dg < tl.minimum(tp, 1) * D  # no gamma for a page without body tokens
     tl.store(gamma + h * D + dg, gmin.to(gdt), mask=gmask)
     tl.store(gamma + H * D + h * D + dg, gmax.to(gdt), mask=gmask)

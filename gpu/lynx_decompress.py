@@ -35,19 +35,32 @@ NF = tl.constexpr(P.NUM_FIELDS)
 
 
 @triton.jit
-def _row_address(tok, valid, slots_ptr, block_size, s_block, s_tok, PAGED: tl.constexpr,
-                 BS_SHIFT: tl.constexpr):
-    """Element offset of each token's row (any shape) and whether it is written.
-    BS_SHIFT >= 0: block_size == 1 << BS_SHIFT (no integer division)."""
+def _row_address(tok, valid, slots_ptr, block_size, num_slots, s_block, s_tok,
+                 PAGED: tl.constexpr, BS_SHIFT: tl.constexpr, SLOTS32: tl.constexpr):
+    """Element offset of each token's row (any shape) and whether it is written (slots outside
+    [0, num_slots) are not: the API does not read a device slot_mapping back to check it).
+    BS_SHIFT >= 0: block_size == 1 << BS_SHIFT (no integer division). SLOTS32: every slot of
+    the cache is < 2**31 (the launcher checks), so after the sign test the block / offset
+    arithmetic is 32-bit and only the final offset is widened (a third of the instructions)."""
     if PAGED:
         slot = tl.load(slots_ptr + tok, mask=valid, other=-1)
+        ok = valid & (slot >= 0) & (slot < num_slots)
+        if SLOTS32:
+            s = slot.to(tl.int32)
+            if BS_SHIFT >= 0:
+                blk = s >> BS_SHIFT
+                off = s & ((1 << BS_SHIFT) - 1)
+            else:
+                blk = s // block_size
+                off = s % block_size
+            return blk.to(tl.int64) * s_block + off * s_tok, ok
         if BS_SHIFT >= 0:
             blk = slot >> BS_SHIFT
             off = slot & ((1 << BS_SHIFT) - 1)
         else:
             blk = slot // block_size
             off = slot % block_size
-        return blk * s_block + off * s_tok, valid & (slot >= 0)
+        return blk * s_block + off * s_tok, ok
     else:  # dense: block_size 1, token stride s_block
         return tok * s_block, valid
 
@@ -74,7 +87,7 @@ def lynx_decompress_kernel(
         r8_ptr, rw_ptr,                  # the residual buffer as uint8 / words of R_BITS bytes
         plan_ptr,                        # int64 [num_pages, NF]
         sl_ptr,                          # float32 [256] signed / anchor levels of this stream
-        out_ptr, o_off, s_block, s_tok, s_head, s_dim, block_size, slots_ptr,
+        out_ptr, o_off, s_block, s_tok, s_head, s_dim, block_size, num_slots, slots_ptr,
         H, D,
         WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, NTB: tl.constexpr, TB: tl.constexpr,
         G: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, ES: tl.constexpr,
@@ -82,7 +95,7 @@ def lynx_decompress_kernel(
         HAS_RES: tl.constexpr, PAGED: tl.constexpr, INTERPRET: tl.constexpr,
         ALIGN: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
         EVEN_D: tl.constexpr, SEC: tl.constexpr, BS_SHIFT: tl.constexpr,
-        HEADS_FAST: tl.constexpr = False):
+        SLOTS32: tl.constexpr = False, HEADS_FAST: tl.constexpr = False):
     if HEADS_FAST:  # grid (heads, tiles): see launch.py
         pid = tl.program_id(1)
         h = tl.program_id(0)
@@ -106,8 +119,8 @@ def lynx_decompress_kernel(
         sm = (s < ns)[:, None] & (dd < D)[None, :]
         sink = akv_ptr + tl.load(row + F_SINK + WHICH) // ES
         vals = tl.load(sink + (h * ns + s)[:, None] * D + dd[None, :], mask=sm)
-        at, ok = _row_address(token0 + s, s < ns, slots_ptr, block_size, s_block, s_tok, PAGED,
-                              BS_SHIFT)
+        at, ok = _row_address(token0 + s, s < ns, slots_ptr, block_size, num_slots, s_block,
+                              s_tok, PAGED, BS_SHIFT, SLOTS32)
         tl.store(out + at[:, None] + dd[None, :] * s_dim, vals.to(odt), mask=sm & ok[:, None])
 
     # The tile is [Q = TB*G, 8]: row q is group g = q % G (8 consecutive channels) of token
@@ -158,8 +171,8 @@ def lynx_decompress_kernel(
         sg = tl.reshape(tl.load(stats + H * tp * ncd + sidx, mask=qmask, other=0.0)
                         .to(tl.float32), [TB, G])[:, :, None]
     x = tl.reshape((tl.reshape(xf, [TB, G, 8]) * sg + mu) * (gmax - gmin) + gmin, [Q, 8])
-    at, ok = _row_address(body0 + t, tmask, slots_ptr, block_size, s_block, s_tok, PAGED,
-                          BS_SHIFT)
+    at, ok = _row_address(body0 + t, tmask, slots_ptr, block_size, num_slots, s_block, s_tok,
+                          PAGED, BS_SHIFT, SLOTS32)
     if ALIGN > 1:
         at = tl.multiple_of(at, ALIGN)
     tl.store(out + at[:, None] + d2 * s_dim, _to_out(x, odt, INTERPRET),

@@ -74,7 +74,10 @@ def _capture(op: str, which: str, shape=(8, 512, 128)):
         else:
             os.environ["TRITON_INTERPRET"] = saved[0]
         launch.lynx_compress_kernel, launch.lynx_decompress_kernel = saved[1], saved[2]
-    return calls["kv".index(which)]
+    fn, args, kw = calls["kv".index(which)]
+    if "INTERPRET" in kw:  # captured under the interpreter; compiled for the GPU
+        kw = {**kw, "INTERPRET": False}
+    return fn, args, kw
 
 
 def compile_sm90(fn, args, kw):

@@ -28,13 +28,11 @@ from . import launch
 
 # BD: channels per program (a strip of all the page's tokens); RPT: groups of 8 values per
 # thread per step; SMEM False reads the search table from global memory instead; maxnreg caps
-# the registers (per kernel: {"k": .., "v": ..}) for more programs per SM. The default (BD 64,
-# 4 warps, RPT 2, table in shared memory, no cap) was the fastest on the H100
-# (docs/benchmarks.md; caps spill and slow both kernels).
-COMPRESS = [dict(BD=64, num_warps=4), dict(BD=64, num_warps=4, maxnreg={"v": 80}),
-            dict(BD=64, num_warps=4, RPT=1), dict(BD=64, num_warps=4, RPT=1, maxnreg={"v": 80}),
-            dict(BD=64, num_warps=4, maxnreg={"k": 120, "v": 88}),
-            dict(BD=64, num_warps=4, SMEM=False)]
+# the registers (per kernel: {"k": .., "v": ..}) for more programs per SM. The first entry is
+# the launcher's default (launch.py ``_blocks``: whole chunks per thread, 4 warps, RPT 2, the
+# table in shared memory, no cap); the others are the variants last compared with it on the
+# H100 (docs/benchmarks.md).
+COMPRESS = [dict(), dict(SMEM=False), dict(BD=64)]
 # TB: tokens per program (all head_dim channels; at most the chunk on the channel axis).
 DECOMPRESS = [dict(TB=32, num_warps=4), dict(TB=16, num_warps=2), dict(TB=64, num_warps=8)]
 

@@ -144,11 +144,14 @@ def _check_slots(slot_mapping, num_tokens: int, cache) -> torch.Tensor:
         raise ValueError("slot_mapping must be a 1-D int32/int64 tensor")
     if slot_mapping.numel() != num_tokens:
         raise ValueError(f"slot_mapping has {slot_mapping.numel()} entries for {num_tokens} tokens")
-    slots = slot_mapping.to(device=cache.k.tensor.device, dtype=torch.int64).contiguous()
     top = cache.num_blocks * cache.block_size
-    if num_tokens and int(slots.max()) >= top:
-        raise ValueError(f"slot_mapping holds slot {int(slots.max())}; the cache has {top} slots")
-    return slots
+    # Bounds are checked where that is free: a slot_mapping on the host. Reading a device
+    # tensor back would stall the stream on every layer (a device sync per call), so there the
+    # kernels skip slots past the cache instead of writing outside it, as negative ones.
+    if slot_mapping.device.type == "cpu" and num_tokens and int(slot_mapping.max()) >= top:
+        raise ValueError(f"slot_mapping holds slot {int(slot_mapping.max())}; the cache has "
+                         f"{top} slots")
+    return slot_mapping.to(device=cache.k.tensor.device, dtype=torch.int64).contiguous()
 
 
 def decompress_paged(anchor: torch.Tensor, residual: torch.Tensor | None, config: LynxConfig,

@@ -1,7 +1,8 @@
 """Where decompressed tokens are written: a dense [H, T, D] pair or a paged KV cache.
 
 Both are the same thing to a kernel: token ``t`` goes to slot ``slot_mapping[t]`` (identity
-when ``slot_mapping`` is None; negative slots are skipped, as in vLLM), slot ``s`` is
+when ``slot_mapping`` is None; negative slots, and slots past the cache, are skipped: vLLM
+pads with -1, and a device slot_mapping is not read back to check it), slot ``s`` is
 ``(block, offset) = divmod(s, block_size)``, and element ``(block, offset, head, dim)`` of K
 (V) sits at ``k.offset + block*s_block + offset*s_token + head*s_head + dim*s_dim`` elements
 from ``k.tensor.data_ptr()``. A dense output is block_size 1 with s_block = token stride.
@@ -53,7 +54,7 @@ def scatter_tokens(dest: Destination, token_start: int, k: torch.Tensor, v: torc
             slots = torch.arange(token_start, token_start + n, device=view.device)
         else:
             slots = dest.slot_mapping[token_start:token_start + n].to(torch.int64)
-        keep = slots >= 0
+        keep = (slots >= 0) & (slots < dest.num_blocks * dest.block_size)
         if not bool(keep.all()):
             slots, rows = slots[keep], rows[keep]
         view[slots // dest.block_size, slots % dest.block_size] = rows

@@ -140,3 +140,37 @@ def test_refuses_an_alpha_too_small_for_the_log_search():
     k, v = random_kv(HEADS, 8, HEAD_DIM, torch.bfloat16)
     with pytest.raises(ops.BackendUnavailable, match="too small for the log-search"):
         ops.compress(k.to(DEVICE), v.to(DEVICE), cfg, backend="triton")
+
+
+def test_paged_skips_slots_past_the_cache():
+    """A device slot_mapping is not read back to check it (ops/api.py): the kernel skips
+    slots past the cache, as negative ones, and writes nothing outside it."""
+    import dataclasses
+
+    from lynx_npu.gpu import launch
+    from lynx_npu.ops import dest as _dest
+    from lynx_npu.ops.kv_layouts import resolve, target_view
+    from lynx_npu.ops.plan import layer_plan
+
+    cfg = config()
+    t, bs = 90, 16
+    k, v = random_kv(HEADS, t, HEAD_DIM, torch.bfloat16, seed=3)
+    a, r = reference_streams(cfg, k, v)
+    wk, wv = codec(cfg).decode(codec(cfg)._wrap(tuple(k.shape), k.dtype, a, r), "full")
+    nb = -(-t // bs) + 3
+    small = nb - 2  # the kernel is told the cache ends here; the rest is a guard
+    top = small * bs
+    slots = torch.arange(t)
+    slots[5], slots[6], slots[7] = top, top + 17, -1
+    rc = resolve("vllm_flash_nhd", KV_CACHE_LAYOUTS["vllm_flash_nhd"].allocate(
+        nb, bs, HEADS, HEAD_DIM, torch.bfloat16, DEVICE, fill=-7.0))
+    dest = dataclasses.replace(_dest.paged(rc, slots.to(DEVICE)), num_blocks=small)
+    launch.decompress(a.to(DEVICE), r.to(DEVICE), layer_plan(cfg, HEADS, t, HEAD_DIM, k.dtype),
+                      dest)
+    keep = (slots >= 0) & (slots < top)
+    for tgt, want in ((rc.k, wk), (rc.v, wv)):
+        flat = target_view(tgt, nb, bs, HEADS, HEAD_DIM).cpu().reshape(nb * bs, HEADS, HEAD_DIM)
+        assert torch.equal(flat[slots[keep]], want.transpose(0, 1)[keep])
+        untouched = torch.ones(nb * bs, dtype=torch.bool)
+        untouched[slots[keep]] = False
+        assert bool((flat[untouched] == -7.0).all()), "a slot outside the cache was written"
