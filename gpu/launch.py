@@ -46,14 +46,16 @@ def _blocks(cfg, head_dim: int, which: str) -> dict:
     c = cfg.chunk_size
     token = cfg.axis(which) == "token"
     tune = TUNING["compress"]
-    # Measured on an H100 (docs/benchmarks.md, python -m lynx_npu.gpu.tune): 4 warps, two
-    # groups of 8 values per thread per step (RPT 2: +5% over 1, the per-step work shared by
-    # 16 values). With the midrange centre: on the channel axis NC * G = the thread count, so
+    # Measured on an H100 (docs/benchmarks.md, python -m lynx_npu.gpu.tune): two groups of
+    # 8 values per thread per step (RPT 2: +5% over 1, the per-step work shared by 16
+    # values). With the midrange centre: on the channel axis NC * G = the thread count, so
     # each thread walks whole chunks (lynx_compress.py), on the token axis 128 channels; with
     # the mean, 64-channel strips (32 where the page is longer than 256 tokens), as its
     # whole-strip load must fit in registers.
-    warps = tune["num_warps"] or 4
     nc = max(bt // c, 1)
+    # K (channel axis, midrange): 2 warps, so that the gather's per-step barriers wait on
+    # fewer warps (H100: 891 vs 945 us); V keeps 4 (982 vs 958 us with 2)
+    warps = tune["num_warps"] or (2 if cfg.center == "midrange" and not token else 4)
     if cfg.center == "midrange" and not token:
         bd = max(8, min(8 * max(32 * warps // nc, 1), _pow2(head_dim)))
     elif cfg.center == "midrange":  # 128-channel strips: the fixed work per strip halves
