@@ -160,7 +160,10 @@ def decompress_paged(anchor: torch.Tensor, residual: torch.Tensor | None, config
     """Decompress one layer straight into a paged KV cache: token t -> slot_mapping[t].
 
     ``kv_caches`` is one tensor or (k_cache, v_cache), as ``layout`` (ops/kv_layouts.py)
-    describes; the stream's dtype is the cache's.
+    describes; the stream's dtype is the cache's. Tokens with a negative slot (vLLM's padding)
+    are skipped. A slot past the cache raises ValueError when ``slot_mapping`` is on the host;
+    a device ``slot_mapping`` is not read back (that would synchronise the stream on every
+    layer), and such tokens are skipped, never written outside the cache.
     """
     cfg = _check_config(config)
     cache = resolve(layout, kv_caches)
