@@ -41,7 +41,8 @@ def _pow2(n: int) -> int:
 def _blocks(cfg, head_dim: int, which: str) -> dict:
     """Compress strips: all BT = pow2(page_size) tokens x BD channels (G groups of 8), read
     in steps of RPT groups per thread: CS tokens of every chunk (channel axis) or TS tokens
-    (token axis, where BD is a multiple of the chunk along head_dim, CE = GC*8)."""
+    (token axis, where BD is a multiple of the chunk along head_dim, CE = GC*8, GT of a
+    chunk's groups per thread)."""
     bt = _pow2(cfg.page_size)
     c = cfg.chunk_size
     token = cfg.axis(which) == "token"

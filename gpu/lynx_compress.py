@@ -10,14 +10,18 @@ The strip is held as [..., G, 8]: a thread owns groups of 8 consecutive channels
 (16-byte loads; one word of packed codes per stream), and only two tile-wide reductions remain:
 
 * channel axis (K): chunk c of a channel is C consecutive tokens; a step of the strip is
-  [NC, CS, G, 8] with token = nc*C + cs*NIT + k at step k (NIT = C / CS steps in a thread's
-  registers, the CS tokens across the lanes of one warp: the chunk reduction is shuffles).
-  Normalisation xn = RN(RN(x - gmin) / scale) is monotone in x,
-  so the chunk's min / max of xn are xn(min x), xn(max x): one min/max reduction of the raw
-  values gives the page min/max (gamma) and every chunk's lo / hi.
+  [CS, NC, G, 8] with token = nc*C + cs*NIT + k at step k (NIT = C / CS steps). With the
+  launcher's BD a thread holds the CS tokens of its (chunk, group) and walks the chunk, so
+  the chunk reduction stays in registers. Normalisation xn = RN(RN(x - gmin) / scale) is
+  monotone in x, so the chunk's min / max of xn are xn(min x), xn(max x): one min/max
+  reduction of the raw values gives the page min/max (gamma) and every chunk's lo / hi.
 * token axis (V): a chunk is CE = GC*8 channels of a token; each channel has its own gmin and
   scale, so the page min/max reduce over tokens, then the chunk lo / hi over the normalised
-  values.
+  values: a step is [GT, TS, NCD, GL, 8], GT groups of a chunk in a thread's registers and
+  GL = GC / GT neighbouring lanes (``_token_rows``).
+
+Rows past the page body read its last token (``_load_rows``): no masks on full pages. Pass 2
+loads each step's rows one step ahead.
 
 Then mu = f16((hi + lo) / 2) (MIDRANGE) or f16(pairwise tree sum / count) (mean, the
 reference's order: lynx_ref.tree_sum), and sigma = f16(max |xn - mu|) =
@@ -534,8 +538,8 @@ def lynx_compress_kernel(
         else:
             _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip_ptr,
                          codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
-                         SCALE, P0, EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
-                         MIDRANGE, TREE, True, SMEM, EVEN_D)
+                         SCALE, P0, EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS,
+                         R_WORDS, MIDRANGE, TREE, True, SMEM, EVEN_D)
     else:
         if not TOKEN_AXIS:
             _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats,
@@ -545,8 +549,8 @@ def lynx_compress_kernel(
         else:
             _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip_ptr,
                          codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
-                         SCALE, P0, EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
-                         MIDRANGE, TREE, False, SMEM, EVEN_D)
+                         SCALE, P0, EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS,
+                         R_WORDS, MIDRANGE, TREE, False, SMEM, EVEN_D)
     gdt = akv_ptr.dtype.element_ty
     if not TOKEN_AXIS:
         dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]
