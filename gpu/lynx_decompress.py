@@ -40,8 +40,8 @@ def _row_address(tok, valid, slots_ptr, block_size, num_slots, s_block, s_tok,
     """Element offset of each token's row (any shape) and whether it is written (slots outside
     [0, num_slots) are not: the API does not read a device slot_mapping back to check it).
     BS_SHIFT >= 0: block_size == 1 << BS_SHIFT (no integer division). SLOTS32: every slot of
-    the cache is < 2**31 (the launcher checks), so after the sign test the block / offset
-    arithmetic is 32-bit and only the final offset is widened (a third of the instructions)."""
+    the cache is < 2**31 (the launcher checks), so after the range test the block / offset
+    arithmetic is 32-bit and only the final offset is widened."""
     if PAGED:
         slot = tl.load(slots_ptr + tok, mask=valid, other=-1)
         ok = valid & (slot >= 0) & (slot < num_slots)
