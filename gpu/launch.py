@@ -47,9 +47,8 @@ def _blocks(cfg, head_dim: int, which: str) -> dict:
     c = cfg.chunk_size
     token = cfg.axis(which) == "token"
     tune = TUNING["compress"]
-    # Measured on an H100 (docs/benchmarks.md, python -m lynx_npu.gpu.tune): two groups of
-    # 8 values per thread per step (RPT 2: +5% over 1, the per-step work shared by 16
-    # values). With the midrange centre: on the channel axis NC * G = the thread count, so
+    # Measured on an H100 (docs/benchmarks.md, python -m lynx_npu.gpu.tune). With the
+    # midrange centre: on the channel axis NC * G = the thread count, so
     # each thread walks whole chunks (lynx_compress.py), on the token axis 128 channels; with
     # the mean, 64-channel strips (32 where the page is longer than 256 tokens), as its
     # whole-strip load must fit in registers.
@@ -70,7 +69,9 @@ def _blocks(cfg, head_dim: int, which: str) -> dict:
         if bd % ce:
             bd = ce
     g = bd // 8
-    rpt = tune["RPT"] or 2
+    # K (channel axis, midrange): 4 groups per thread per step, half the table staging per
+    # value (H100: 834 vs 887 us); V keeps 2 (1099 vs 959 us with 4)
+    rpt = tune["RPT"] or (4 if cfg.center == "midrange" and not token else 2)
     rows = 32 * warps * rpt  # groups of 8 values per step
     gc = max(ce // 8, 1)
     return {"TOKEN_AXIS": token, "BT": bt, "BD": bd, "G": g, "C": c, "CE": ce,
