@@ -29,9 +29,9 @@ from . import launch
 # BD: channels per program (a strip of all the page's tokens); RPT: groups of 8 values per
 # thread per step; SMEM False reads the search table from global memory instead; maxnreg caps
 # the registers (per kernel: {"k": .., "v": ..}) for more programs per SM. The first entry is
-# the launcher's default (launch.py ``_blocks``: whole chunks per thread, 2 warps for K and 4
-# for V, RPT 2, the table in shared memory, no cap); the others are variants last compared
-# with it on the H100 (docs/benchmarks.md).
+# the launcher's default (launch.py ``_blocks``: whole chunks per thread, K on 2 warps with
+# RPT 4, V on 4 warps with RPT 2, the table in shared memory, no cap); the others are variants
+# last compared with it on the H100 (docs/benchmarks.md).
 COMPRESS = [dict(), dict(num_warps=4), dict(SMEM=False)]
 # TB: tokens per program (all head_dim channels; at most the chunk on the channel axis).
 DECOMPRESS = [dict(TB=32, num_warps=4), dict(TB=16, num_warps=2), dict(TB=64, num_warps=8)]
