@@ -31,7 +31,7 @@ SAFE_MIN = {torch.float16: 0.0, torch.bfloat16: 2.0 ** -77, torch.float32: 2.0 *
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
 TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True, "SMEM": None,
                        "maxnreg": None},
-          "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None, "SLOTS32": None}}
+          "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None}}
 
 
 def _pow2(n: int) -> int:
@@ -228,8 +228,7 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
     slots = dest.slot_mapping if dest.slot_mapping is not None else table
     bs = dest.block_size
     bs_shift = bs.bit_length() - 1 if bs & (bs - 1) == 0 else -1
-    # 32-bit slot arithmetic where every slot of the cache fits (TUNING can turn it off)
-    slots32 = dest.num_blocks * bs < 2 ** 31 and TUNING["decompress"]["SLOTS32"] is not False
+    slots32 = dest.num_blocks * bs < 2 ** 31  # 32-bit slot arithmetic: every slot fits
     for wi, (which, tgt) in enumerate((("k", dest.k), ("v", dest.v))):
         blk = _decode_blocks(cfg, plan.head_dim, which)
         # Programs run roughly in grid order, dimension 0 fastest: token tiles, then heads.

@@ -45,22 +45,16 @@ def _row_address(tok, valid, slots_ptr, block_size, num_slots, s_block, s_tok,
     if PAGED:
         slot = tl.load(slots_ptr + tok, mask=valid, other=-1)
         ok = valid & (slot >= 0) & (slot < num_slots)
+        s = slot
         if SLOTS32:
             s = slot.to(tl.int32)
-            if BS_SHIFT >= 0:
-                blk = s >> BS_SHIFT
-                off = s & ((1 << BS_SHIFT) - 1)
-            else:
-                blk = s // block_size
-                off = s % block_size
-            return blk.to(tl.int64) * s_block + off * s_tok, ok
         if BS_SHIFT >= 0:
-            blk = slot >> BS_SHIFT
-            off = slot & ((1 << BS_SHIFT) - 1)
+            blk = s >> BS_SHIFT
+            off = s & ((1 << BS_SHIFT) - 1)
         else:
-            blk = slot // block_size
-            off = slot % block_size
-        return blk * s_block + off * s_tok, ok
+            blk = s // block_size
+            off = s % block_size
+        return blk.to(tl.int64) * s_block + off * s_tok, ok
     else:  # dense: block_size 1, token stride s_block
         return tok * s_block, valid
 
