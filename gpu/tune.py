@@ -32,7 +32,8 @@ from . import launch
 # the launcher's default (launch.py ``_blocks``: whole chunks per thread, K on 2 warps with
 # RPT 4, V on 4 warps with RPT 2, the table in shared memory, no cap); the others are variants
 # last compared with it on the H100 (docs/benchmarks.md).
-COMPRESS = [dict(), dict(num_warps=4), dict(SMEM=False)]
+COMPRESS = [dict(), dict(RPT=2), dict(RPT=4), dict(num_warps=2), dict(num_warps=4),
+            dict(SMEM=False)]
 # TB: tokens per program (all head_dim channels; at most the chunk on the channel axis).
 DECOMPRESS = [dict(TB=32, num_warps=4), dict(TB=16, num_warps=2), dict(TB=64, num_warps=8)]
 
