@@ -26,8 +26,6 @@ NAME = "triton"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_TILE = 16384      # values per program (registers)
 MAX_PAGE = 1024
-# Channels whose page min has |gmin| >= this take the FMA division (see lynx_compress.py).
-SAFE_MIN = {torch.float16: 0.0, torch.bfloat16: 2.0 ** -77, torch.float32: 2.0 ** -77}
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
 TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True, "SMEM": None,
                        "maxnreg": None},
@@ -205,7 +203,7 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
             A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits, BIAS=cfg.bias,
             ALPHA=search.alpha, SCALE=search.scale, P0=search.p0, EPS=search.eps,
             MIDRANGE=cfg.center == "midrange",
-            TREE=TUNING["compress"]["TREE"], SAFE_MIN=SAFE_MIN[k.dtype], A_WORDS=a_words,
+            TREE=TUNING["compress"]["TREE"], A_WORDS=a_words,
             R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),
             EVEN_D=plan.head_dim % blk["BD"] == 0,
             num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))

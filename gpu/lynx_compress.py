@@ -12,7 +12,7 @@ The strip is held as [..., G, 8]: a thread owns groups of 8 consecutive channels
 * channel axis (K): chunk c of a channel is C consecutive tokens; a step of the strip is
   [CS, NC, G, 8] with token = nc*C + cs*NIT + k at step k (NIT = C / CS steps). With the
   launcher's BD a thread holds the CS tokens of its (chunk, group) and walks the chunk, so
-  the chunk reduction stays in registers. Normalisation xn = RN(RN(x - gmin) / scale) is
+  the chunk reduction stays in registers. Normalisation xn = RN(RN(x - gmin) * RN(1 / scale)) is
   monotone in x, so the chunk's min / max of xn are xn(min x), xn(max x): one min/max
   reduction of the raw values gives the page min/max (gamma) and every chunk's lo / hi.
 * token axis (V): a chunk is CE = GC*8 channels of a token; each channel has its own gmin and
@@ -25,7 +25,8 @@ loads each step's rows one step ahead.
 
 Then mu = f16((hi + lo) / 2) (MIDRANGE) or f16(pairwise tree sum / count) (mean, the
 reference's order: lynx_ref.tree_sum), and sigma = f16(max |xn - mu|) =
-f16(max(RN(hi - mu), RN(mu - lo))) (RN(. - mu) is monotone), with no per-value |.| or max.
+f16(max(RN(hi - mu), RN(mu - lo))) (RN(. - mu) is monotone), with no per-value |.| or max;
+xf = RN(RN(xn - mu) * RN(1 / sigma)). Both reciprocals are computed once per channel / chunk.
 Codes: Eq. (3) in float32 (one lg2.approx) gives I - 1 or I, one float32 threshold from the
 1 KB search table (ops/tables.py ``LogSearch``, in shared memory through tl.gather) settles it
 exactly; 4+4 fields are packed from byte words with word masks.
@@ -41,7 +42,7 @@ from triton.language.extra import libdevice
 from lynx_npu.ops import plan as P
 from lynx_npu.ops import tables as T
 
-from .lynx_common import div_known, minmax_combine, pmax, pmin, section
+from .lynx_common import minmax_combine, pmax, pmin, section
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -220,22 +221,19 @@ def _tree_token(xz, GT: tl.constexpr, TS: tl.constexpr, NCD: tl.constexpr, GL: t
 
 
 @triton.jit
-def _div(a, b, y, FAST: tl.constexpr):
-    """a / b rounded like IEEE division; FAST: with y = RN(1 / b) and two FMAs (div_known),
-    exact for the tiles the caller checked (see lynx_compress_kernel)."""
-    if FAST:
-        return div_known(a, b, y)
-    else:
-        return tl.math.div_rn(a, b)
+def _recip_or_zero(s):
+    """RN(1 / s), 0 where that is not finite (lynx_ref.reciprocal_or_zero; s >= 0)."""
+    r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    return tl.where(r < float("inf"), r, 0.0)
 
 
 @triton.jit
-def _sigma_div(sigma, recip_ptr, TABLE: tl.constexpr):
-    """float16 sigma -> (divisor, RN(1 / divisor)) for div_known; sigma == 0 gives (1, 0), so
-    xf = +-0 and code 0. TABLE (for reciprocals computed once per strip): RN(1 / 1.m) from a
-    1024-entry table (ops/tables.py ``recip_table``) with the exponent subtracted (a float16
-    mantissa has 10 bits; scaling by 2**-e is exact and the result stays normal), ~5 ops
-    instead of an IEEE division; else the division (no dependent load in a step's chain)."""
+def _sigma_recip(sigma, recip_ptr, TABLE: tl.constexpr):
+    """float16 sigma -> RN(1 / sigma) as float32, 0 where sigma == 0 (xf = +-0, code 0).
+    TABLE (for reciprocals computed once per strip): RN(1 / 1.m) from a 1024-entry table
+    (ops/tables.py ``recip_table``) with the exponent subtracted (a float16 mantissa has 10
+    bits; scaling by 2**-e is exact and the result stays normal), ~5 ops instead of an IEEE
+    division; else the division (no dependent load in a step's chain)."""
     s = sigma.to(tl.float32)
     if TABLE:
         b = s.to(tl.int32, bitcast=True)
@@ -243,21 +241,18 @@ def _sigma_div(sigma, recip_ptr, TABLE: tl.constexpr):
         inv = (t - (b & 0x7F800000) + (127 << 23)).to(tl.float32, bitcast=True)
     else:
         inv = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
-    pos = sigma > 0
-    return tl.where(pos, s, 1.0), tl.where(pos, inv, 0.0)
+    return tl.where(sigma > 0, inv, 0.0)
 
 
 @triton.jit
-def _encode_rows(xn, mu, sgd, isg, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
+def _encode_rows(xn, mu, isg, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
                  tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr,
                  EPS: tl.constexpr, RS: tl.constexpr, A_BITS: tl.constexpr,
                  R_BITS: tl.constexpr, BIAS: tl.constexpr,
                  A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, SMEM: tl.constexpr):
-    """xn (normalised values, any shape of RS*8), mu (f16) and _sigma_div's (sgd, isg), all
+    """xn (normalised values, any shape of RS*8), mu (f16) and _sigma_recip's isg, all
     broadcastable -> packed codes of the RS groups ``grp`` (stored where ``gm``)."""
-    # codes only compare |xf| with thresholds >= 5e-8: the FMA division is exact where it
-    # matters (|xc| >= 2**-102) and keeps the sign everywhere; sigma == 0 gives +-0
-    xf = div_known(xn - mu.to(tl.float32), sgd, isg)
+    xf = (xn - mu.to(tl.float32)) * isg
     u = _split(tl.reshape(xf, [RS, 8]), tab, search_ptr, ALPHA, SCALE, P0, EPS, A_BITS,
                R_BITS, BIAS, RS, SMEM)
     _store_fields(u, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, grp, gm, A_BITS, R_BITS,
@@ -265,24 +260,23 @@ def _encode_rows(xn, mu, sgd, isg, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, code
 
 
 @triton.jit
-def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats, recip_ptr,
+def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats, recip_ptr,
                    codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr,
                    ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
                    BT: tl.constexpr, G: tl.constexpr, C: tl.constexpr, CS: tl.constexpr,
                    A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
                    A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr,
-                   TREE: tl.constexpr, FAST: tl.constexpr, SMEM: tl.constexpr,
+                   TREE: tl.constexpr, SMEM: tl.constexpr,
                    EVEN_D: tl.constexpr):
-    """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8] and gmin, scale [G, 8]:
+    """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8], gmin and y = 1 / scale
+    (``_recip_or_zero``) [G, 8]:
     chunk statistics, then the strip again in NIT = C / CS steps of [NC, CS, G, 8] (step k
     holds chunk tokens c = cs * NIT + k), normalised, coded and stored."""
     NC: tl.constexpr = BT // C
     NIT: tl.constexpr = C // CS
     RS: tl.constexpr = CS * NC * G
-    sc = tl.where(scale > 0, scale, 1.0)
-    y = tl.math.div_rn(tl.full(sc.shape, 1.0, tl.float32), sc)
-    lo_n = _div(lo - gmin, sc, y, FAST)  # = min / max of xn over the chunk (xn is monotone)
-    hi_n = _div(hi - gmin, sc, y, FAST)
+    lo_n = (lo - gmin) * y  # = min / max of xn over the chunk (xn is monotone)
+    hi_n = (hi - gmin) * y
     nc = tl.arange(0, NC)
     j = tl.arange(0, 8)
     r = tl.arange(0, RS)  # r = (cs * NC + nc) * G + g (as in pass 1)
@@ -303,7 +297,7 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
         xa = tl.load(xh + ((body0 + ta) * s_t)[:, None] + (ga[:, None] + j[None, :]) * s_d,
                      mask=ma, other=0.0)
         xz = tl.where(tl.reshape(ma, [CR, CW, NC, G, 8]),
-                      _div(tl.reshape(xa, [CR, CW, NC, G, 8]).to(tl.float32) - gmin, sc, y, FAST),
+                      (tl.reshape(xa, [CR, CW, NC, G, 8]).to(tl.float32) - gmin) * y,
                       0.0)
         if TREE:  # reference order: pairs (2i, 2i+1) of c = cs * NIT + k: k first, then cs
             csum = _tree_channel(xz, CR, CW, NC, G)
@@ -317,7 +311,7 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
     smask = (nc < nct)[:, None, None] & (dg < D)[None, :, :]
     tl.store(stats + sidx, mu, mask=smask)
     tl.store(stats + H * nct * D + sidx, sigma, mask=smask)
-    sgd, isg = _sigma_div(sigma, recip_ptr, True)
+    isg = _sigma_recip(sigma, recip_ptr, True)
     # each step's rows are loaded a step ahead (the re-read mostly comes from L2: its latency
     # is hidden behind a step of work rather than by other warps, of which there are few)
     xk = _load_rows(xh, s_t, body0, tr0, tp, xoff, cm, 0.0, EVEN_D)
@@ -325,8 +319,8 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, st
         tr = tr0 + k
         x_next = _load_rows(xh, s_t, body0, tr0 + tl.minimum(k + 1, NIT - 1), tp, xoff, cm, 0.0,
                             EVEN_D)
-        xn = _div(tl.reshape(xk, [CS, NC, G, 8]).to(tl.float32) - gmin, sc, y, FAST)
-        _encode_rows(xn, tl.expand_dims(mu, 0), tl.expand_dims(sgd, 0), tl.expand_dims(isg, 0),
+        xn = (tl.reshape(xk, [CS, NC, G, 8]).to(tl.float32) - gmin) * y
+        _encode_rows(xn, tl.expand_dims(mu, 0), tl.expand_dims(isg, 0),
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
                      r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, P0, EPS,
                      RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM)
@@ -343,15 +337,15 @@ def _token_rows(r, d0, TS: tl.constexpr, NCD: tl.constexpr, GT: tl.constexpr,
 
 
 @triton.jit
-def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip_ptr, codes_off,
+def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr, codes_off,
                  res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
                  SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr, BT: tl.constexpr,
                  G: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr, GT: tl.constexpr,
                  C: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
                  BIAS: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
-                 MIDRANGE: tl.constexpr, TREE: tl.constexpr, FAST: tl.constexpr,
-                 SMEM: tl.constexpr, EVEN_D: tl.constexpr):
-    """Token axis, given gmin, scale [GT, NCD, GL, 8] (pass 1's layout): the strip again, TS
+                 MIDRANGE: tl.constexpr, TREE: tl.constexpr, SMEM: tl.constexpr,
+                 EVEN_D: tl.constexpr):
+    """Token axis, given gmin, y = 1 / scale [GT, NCD, GL, 8] (pass 1's layout): the strip again, TS
     tokens at a time as [GT, TS, NCD, GL, 8] (``_token_rows``), normalised; chunk statistics
     per token, codes, stores. Row r lives in thread r % (32 * num_warps) (the launcher's TS
     makes TS * NCD * GL the thread count), so a thread holds GT groups of a chunk and GL
@@ -361,10 +355,7 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip
     GL: tl.constexpr = GC // GT
     CE: tl.constexpr = GC * 8
     RS: tl.constexpr = TS * G
-    sc = tl.where(scale > 0, scale, 1.0)
-    y = tl.math.div_rn(tl.full(sc.shape, 1.0, tl.float32), sc)
     gmin5 = tl.expand_dims(gmin, 1)
-    sc5 = tl.expand_dims(sc, 1)
     y5 = tl.expand_dims(y, 1)
     j = tl.arange(0, 8)
     t_r, gr = _token_rows(tl.arange(0, RS), d0, TS, NCD, GT, GL)
@@ -380,7 +371,7 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip
         tr = k * TS + t_r
         x_next = _load_rows(xh, s_t, body0, tl.minimum(k + 1, BT // TS - 1) * TS + t_r, tp, xoff,
                             cm, float("nan"), EVEN_D)
-        xn = _div(tl.reshape(xk, [GT, TS, NCD, GL, 8]).to(tl.float32) - gmin5, sc5, y5, FAST)
+        xn = (tl.reshape(xk, [GT, TS, NCD, GL, 8]).to(tl.float32) - gmin5) * y5
         lo, hi = tl.reduce((xn, xn), 4, minmax_combine)
         lo, hi = tl.reduce((lo, hi), 3, minmax_combine)
         lo, hi = tl.reduce((lo, hi), 0, minmax_combine)  # [TS, NCD]
@@ -399,9 +390,8 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip
         smask = (t < tp) & (c0 < D)
         tl.store(stats + sidx, mu, mask=smask)
         tl.store(stats + H * tp * ncd + sidx, sigma, mask=smask)
-        sgd, isg = _sigma_div(sigma, recip_ptr, False)
-        _encode_rows(xn, mu[None, :, :, None, None], sgd[None, :, :, None, None],
-                     isg[None, :, :, None, None], (h * tp + tr) * (D // 8) + gr // 8,
+        isg = _sigma_recip(sigma, recip_ptr, False)
+        _encode_rows(xn, mu[None, :, :, None, None], isg[None, :, :, None, None], (h * tp + tr) * (D // 8) + gr // 8,
                      (tr < tp) & (gr < D), a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
                      tab, search_ptr, ALPHA, SCALE, P0, EPS, RS, A_BITS, R_BITS, BIAS, A_WORDS,
                      R_WORDS, SMEM)
@@ -424,7 +414,7 @@ def lynx_compress_kernel(
         BS: tl.constexpr, ES: tl.constexpr,
         A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
         ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
-        MIDRANGE: tl.constexpr, SAFE_MIN: tl.constexpr, A_WORDS: tl.constexpr,
+        MIDRANGE: tl.constexpr, A_WORDS: tl.constexpr,
         R_WORDS: tl.constexpr, SEC: tl.constexpr, SMEM: tl.constexpr, EVEN_D: tl.constexpr,
         TREE: tl.constexpr = True):
     dt = tl.program_id(0) % NUM_DT  # channel strips vary fastest: neighbours share input rows
@@ -513,44 +503,22 @@ def lynx_compress_kernel(
     else:  # [GT, NCD, GL, 8]
         gmin, gmax = tl.reduce((tl.reshape(lo, [GT, TS, NCD, GL, 8]),
                                 tl.reshape(hi, [GT, TS, NCD, GL, 8])), 1, minmax_combine)
-    scale = gmax - gmin
-    # The division by the page scale takes the FMA path (div_known) when the whole strip is
-    # safe for it: scale <= 2**24 (normal quotients) and every nonzero x - gmin >= 2**-102.
-    # The latter holds where |gmin| >= SAFE_MIN = 2**-77 (a float32 x > gmin then lies at
-    # least one float32 spacing of gmin, >= 2**-77 * 2**-25, above it), where the channel is
-    # constant (x - gmin == 0), and always for float16 input (SAFE_MIN 0: differences of
-    # float16 values are >= 2**-24). Else (never on real KV) IEEE division. Each branch does
-    # all its stores.
-    ok = scale <= 16777216.0
-    if SAFE_MIN > 0:
-        ok = ok & ((tl.abs(gmin) >= SAFE_MIN) | (scale == 0))
+    y = _recip_or_zero(gmax - gmin)  # xn = RN(RN(x - gmin) * y), as lynx_ref
     # the search table: in registers (-> shared memory for tl.gather) if SMEM, else global (L1)
     if SMEM:
         tab = tl.load(search_ptr + tl.arange(0, SEARCH_LEN))
     else:
         tab = search_ptr
-    if tl.min(ok.to(tl.int32)) == 1:
-        if not TOKEN_AXIS:
-            _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats,
-                           recip_ptr, codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab,
-                           search_ptr, ALPHA, SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS,
-                           A_WORDS, R_WORDS, MIDRANGE, TREE, True, SMEM, EVEN_D)
-        else:
-            _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip_ptr,
-                         codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
-                         SCALE, P0, EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS,
-                         R_WORDS, MIDRANGE, TREE, True, SMEM, EVEN_D)
+    if not TOKEN_AXIS:
+        _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats, recip_ptr,
+                       codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
+                       SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
+                       MIDRANGE, TREE, SMEM, EVEN_D)
     else:
-        if not TOKEN_AXIS:
-            _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, scale, stats,
-                           recip_ptr, codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab,
-                           search_ptr, ALPHA, SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS,
-                           A_WORDS, R_WORDS, MIDRANGE, TREE, False, SMEM, EVEN_D)
-        else:
-            _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, scale, stats, recip_ptr,
-                         codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
-                         SCALE, P0, EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS,
-                         R_WORDS, MIDRANGE, TREE, False, SMEM, EVEN_D)
+        _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr, codes_off,
+                     res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA, SCALE, P0,
+                     EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, MIDRANGE,
+                     TREE, SMEM, EVEN_D)
     gdt = akv_ptr.dtype.element_ty
     if not TOKEN_AXIS:
         dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]

@@ -4,10 +4,11 @@
  * format v1. The math is lynx_npu/codec/lynx_ref.py, float32 in the same order:
  *
  *   gmin, gmax = min, max per channel over the page     (exact: they are input values)
- *   xn = (x - gmin) / scale   (scale = gmax - gmin, 1 where 0, so a constant channel gives 0)
+ *   xn = (x - gmin) * inv_scale   (inv_scale = RN(1 / (gmax - gmin)), 0 where not finite, so a
+ *                                  constant channel gives 0)
  *   mu = f16((max + min) / 2 over chunk)    (tiling center LYNX_CENTER_MIDRANGE, the default)
  *      = f16(sum(xn over chunk) / count)   (LYNX_CENTER_MEAN, the paper's);  xc = xn - mu
- *   sigma = f16(max |xc| over chunk);      xf = xc / sigma  (sigma == 0 -> +inf -> 0)
+ *   sigma = f16(max |xc| over chunk);      xf = xc * RN(1 / sigma)  (0 where sigma == 0)
  *           (midrange: max(hi - mu, mu - lo), the same float32 value, see MidrangeStats)
  *   I = #{j : thresholds[j] <= |xf|}       (branch-free binary search: Gather + Compare + Select)
  *   m = (I + bias) >> r;  res = (m << r) - I;  anchor = xf < 0 ? -m - 1 : m
@@ -65,7 +66,7 @@ public:
             pipe->InitBuffer(spreadBuf_, stats * BLOCK_FLOATS * sizeof(float));
         pipe->InitBuffer(gminBuf_, t_->dimPad * sizeof(float));
         pipe->InitBuffer(gmaxBuf_, t_->dimPad * sizeof(float));
-        pipe->InitBuffer(scaleBuf_, t_->dimPad * sizeof(float));
+        pipe->InitBuffer(invScaleBuf_, t_->dimPad * sizeof(float));
         pipe->InitBuffer(rowMaskBuf_, t_->dimPad / 8);
         pipe->InitBuffer(f1Buf_, sb * sizeof(float));
         pipe->InitBuffer(f2Buf_, sb * sizeof(float));
@@ -182,12 +183,10 @@ private:
         CastToKv(g, gmin, d);  // exact: gamma values are input values
         CastToKv(g[d], gmax, d);
         gammaQueue_.EnQue(g);
-        // scale = gmax - gmin, 1 where the channel is constant (x - gmin is 0 there anyway)
-        AscendC::LocalTensor<float> scale = scaleBuf_.Get<float>();
-        AscendC::Sub(scale, gmax, gmin, t_->dimPad);
-        AscendC::CompareScalar(rowMaskBuf_.Get<uint8_t>(), scale, 0.0f, AscendC::CMPMODE::GT, t_->dimPad);
-        AscendC::Select(scale, rowMaskBuf_.Get<uint8_t>(), scale, 1.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE,
-                        t_->dimPad);
+        // inv_scale = RN(1 / (gmax - gmin)), 0 for a constant channel (gmax is free from here)
+        AscendC::LocalTensor<float> invScale = invScaleBuf_.Get<float>();
+        AscendC::Sub(invScale, gmax, gmin, t_->dimPad);
+        ReciprocalOrZero(invScale, gmax, rowMaskBuf_.Get<uint8_t>(), t_->dimPad);
 
         g = gammaQueue_.DeQue<T>();
         AscendC::GlobalTensor<T> dst;
@@ -210,7 +209,7 @@ private:
         AscendC::LocalTensor<float> mu = muBuf_.Get<float>();
         AscendC::LocalTensor<float> sig = sigBuf_.Get<float>();
         RowBroadcast(Op::SUB, x, x, gminBuf_.Get<float>(), rows, d);
-        RowBroadcast(Op::DIV, x, x, scaleBuf_.Get<float>(), rows, d);
+        RowBroadcast(Op::MUL, x, x, invScaleBuf_.Get<float>(), rows, d);
 
         AscendC::LocalTensor<half> stats = statsQueue_.AllocTensor<half>();  // [mu | sigma]
         const uint32_t ms = t_->maxStats;
@@ -239,9 +238,9 @@ private:
             }
             AscendC::Cast(stats[ms], sum, AscendC::RoundMode::CAST_RINT, nstat);
             AscendC::Cast(sig, stats[ms], AscendC::RoundMode::CAST_NONE, nstat);
-            PositiveOrInf(sig, sigMaskBuf_.Get<uint8_t>(), LynxRoundUp(nstat, REPEAT_FLOATS));
+            ReciprocalOrZero(sig, cnt, sigMaskBuf_.Get<uint8_t>(), LynxRoundUp(nstat, REPEAT_FLOATS));
             for (uint32_t k = 0; k < nch; ++k)
-                RowBroadcast(Op::DIV, x[k * c * d], x[k * c * d], sig[k * d], Min(c, rows - k * c), d);
+                RowBroadcast(Op::MUL, x[k * c * d], x[k * c * d], sig[k * d], Min(c, rows - k * c), d);
         } else {
             const uint32_t tc = t_->tokenChunk;  // values per chunk
             nstat = rows * (d / tc);
@@ -272,8 +271,8 @@ private:
             }
             AscendC::Cast(stats[ms], sum, AscendC::RoundMode::CAST_RINT, nstat);
             AscendC::Cast(sig, stats[ms], AscendC::RoundMode::CAST_NONE, nstat);
-            PositiveOrInf(sig, sigMaskBuf_.Get<uint8_t>(), LynxRoundUp(nstat, REPEAT_FLOATS));
-            ChunkBroadcast(Op::DIV, x, x, sig, spread, nstat, tc);
+            ReciprocalOrZero(sig, cnt, sigMaskBuf_.Get<uint8_t>(), LynxRoundUp(nstat, REPEAT_FLOATS));
+            ChunkBroadcast(Op::MUL, x, x, sig, spread, nstat, tc);
         }
         statsQueue_.EnQue(stats);
 
@@ -434,7 +433,7 @@ private:
     // [maxStats]: chunk sums and counts (mean) or maxima and minima (midrange), mu, sigma
     AscendC::TBuf<AscendC::TPosition::VECCALC> sumBuf_, cntBuf_, muBuf_, sigBuf_;
     AscendC::TBuf<AscendC::TPosition::VECCALC> spreadBuf_;             // [maxStats * 8] Brcb blocks
-    AscendC::TBuf<AscendC::TPosition::VECCALC> gminBuf_, gmaxBuf_, scaleBuf_;      // [dimPad]
+    AscendC::TBuf<AscendC::TPosition::VECCALC> gminBuf_, gmaxBuf_, invScaleBuf_;      // [dimPad]
     AscendC::TBuf<AscendC::TPosition::VECCALC> rowMaskBuf_;            // [dimPad] bits
     AscendC::TBuf<AscendC::TPosition::VECCALC> f1Buf_, f2Buf_, f3Buf_, offBuf_;    // [subBlock]
     AscendC::TBuf<AscendC::TPosition::VECCALC> maskBuf_;               // [subBlock] bits

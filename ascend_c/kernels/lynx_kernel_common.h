@@ -110,12 +110,15 @@ __aicore__ inline void FoldRows(Op op, const AscendC::LocalTensor<float>& buf, u
     }
 }
 
-// sig = sig > 0 ? sig : +inf, so x / sig is exactly 0 for a constant chunk (sigma == 0).
-__aicore__ inline void PositiveOrInf(const AscendC::LocalTensor<float>& sig, const AscendC::LocalTensor<uint8_t>& mask,
-                                     uint32_t count64)
+// v = RN(1 / v), or 0 where that is not finite (v == 0: a constant channel or chunk, which
+// then normalises to 0; lynx_ref.reciprocal_or_zero). v >= 0; ones is scratch of count64 floats.
+__aicore__ inline void ReciprocalOrZero(const AscendC::LocalTensor<float>& v, const AscendC::LocalTensor<float>& ones,
+                                        const AscendC::LocalTensor<uint8_t>& mask, uint32_t count64)
 {
-    AscendC::CompareScalar(mask, sig, 0.0f, AscendC::CMPMODE::GT, count64);
-    AscendC::Select(sig, mask, sig, F_INF, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, count64);
+    AscendC::Duplicate(ones, 1.0f, count64);
+    AscendC::Div(v, ones, v, count64);
+    AscendC::CompareScalar(mask, v, F_INF, AscendC::CMPMODE::LT, count64);
+    AscendC::Select(v, mask, v, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, count64);
 }
 
 // Casts to the KV dtype (round to nearest even).

@@ -4,16 +4,22 @@ This file is the specification every kernel (Triton, CPU, Ascend C) reproduces b
 All arithmetic is float32 in this order:
 
   encode  gmin, gmax = min, max over the page's tokens, per channel   (stored in the KV dtype)
-          scale = gmax - gmin;  xn = (x - gmin) / scale   (0 where scale == 0)
+          scale = gmax - gmin;  xn = (x - gmin) * (1 / scale)   (0 where 1 / scale is not
+                                                        finite: a constant channel)
           mu = f16((max + min) / 2) over the chunk            (center="midrange", default)
              = f16(tree_sum(xn over chunk) / count)            (center="mean", the paper's)
           xc = xn - mu
-          sigma = f16(max |xc| over chunk);  xf = xc / sigma   (0 where sigma == 0)
+          sigma = f16(max |xc| over chunk);  xf = xc * (1 / sigma)   (0 where sigma == 0)
           I = #{j : thresholds[j] <= |xf|}          (lynx_tables.py; round-half-up of Eq. 3)
           m = (I + bias) >> r;  res = (m << r) - I   (round-half-down split, Alg. 1 l.14-17)
           anchor = m if xf >= 0 else -m - 1           (sign of the *centred* value, l.18)
   decode  I' = m << r (anchor stage) or (m << r) - res (full stage)
           x' = ((+-levels[I']) * sigma + mu) * scale + gmin,  cast to the KV dtype
+
+The two normalisations multiply by a reciprocal computed once per channel / chunk (each
+rounded: RN(RN(x - gmin) * RN(1 / scale))), not divide per value: IEEE multiplication is one
+instruction on every device (a division is a polynomial on GPUs and a slow vector op on the
+Ascend AI Core), and the result differs from the division by at most an ulp.
 """
 from __future__ import annotations
 
@@ -22,6 +28,13 @@ import torch
 from . import lynx_tables
 from .lynx_config import LynxConfig
 from .lynx_layout import SCALAR_DTYPE
+
+
+def reciprocal_or_zero(s: torch.Tensor) -> torch.Tensor:
+    """float32 RN(1 / s), or 0 where that is not finite (s == 0, or s below 2**-128 where the
+    reciprocal overflows): the values it multiplies then normalise to 0."""
+    r = 1.0 / s
+    return torch.where(torch.isfinite(r), r, torch.zeros_like(r))
 
 
 def _chunked(xn: torch.Tensor, axis: str, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,9 +92,8 @@ def quantize(x: torch.Tensor, cfg: LynxConfig, which: str):
     xf32 = x.float()
     gmin = xf32.amin(dim=2, keepdim=True)
     gmax = xf32.amax(dim=2, keepdim=True)
-    scale = gmax - gmin
-    xn = torch.where(scale > 0, (xf32 - gmin) / torch.where(scale > 0, scale, 1.0),
-                     torch.zeros_like(xf32))
+    inv_scale = reciprocal_or_zero(gmax - gmin)
+    xn = (xf32 - gmin) * inv_scale
 
     chunks, mask = _chunked(xn, axis, cfg.chunk_size)
     if cfg.center == "midrange":
@@ -94,8 +106,7 @@ def quantize(x: torch.Tensor, cfg: LynxConfig, which: str):
         mu = (tree_sum(chunks) / count).to(SCALAR_DTYPE)
     xc = chunks - mu.float().unsqueeze(-1)
     sigma = torch.where(mask, xc.abs(), 0.0).amax(dim=-1).to(SCALAR_DTYPE)
-    sig32 = sigma.float().unsqueeze(-1)
-    xfin = torch.where(sig32 > 0, xc / torch.where(sig32 > 0, sig32, 1.0), torch.zeros_like(xc))
+    xfin = xc * reciprocal_or_zero(sigma.float().unsqueeze(-1))
     xfin = _unchunked(xfin, axis, tp if axis == "channel" else d)
 
     r = cfg.residual_bits

@@ -23,7 +23,8 @@ def oracle_quantize(x: torch.Tensor, cfg, which: str):
             col = x[hh, :, dd]
             gmin, gmax = col.min(), col.max()
             scale = gmax - gmin
-            xn = (col - gmin) / scale if scale > 0 else torch.zeros_like(col)
+            inv = 1.0 / scale  # float32, once per channel; 0 if not finite (spec)
+            xn = (col - gmin) * inv if torch.isfinite(inv) else torch.zeros_like(col)
             x[hh, :, dd] = xn
             spread[hh, :, dd] = scale
     chunks = []
@@ -51,7 +52,8 @@ def oracle_quantize(x: torch.Tensor, cfg, which: str):
             mu = (acc[0] / xn.numel()).half().float()
         xc = xn - mu
         sigma = xc.abs().max().half().float()
-        xf = xc / sigma if sigma > 0 else torch.zeros_like(xc)
+        inv = 1.0 / sigma
+        xf = xc * inv if torch.isfinite(inv) else torch.zeros_like(xc)
         i = (thr.unsqueeze(0) <= xf.abs().reshape(-1, 1)).sum(1).reshape(xf.shape)
         m = (i + cfg.bias) >> r
         residual[idx] = (m << r) - i

@@ -59,6 +59,19 @@ def test_compress_bytes_other_alphas(alphas, anchor_bits):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("center", CENTERS)
+def test_large_input_bytes(center, dtype):
+    """~1M values per stream: enough that tens of codes depend on normalising by a
+    multiplication with RN(1 / scale) and RN(1 / sigma) rather than a division (lynx_ref.py;
+    6-43 per tensor on this input), which the small shapes above rarely reach."""
+    cfg = config(center=center)
+    k, v = random_kv(4, 2048, 128, dtype, seed=3)
+    got = poisoned_compress(k, v, cfg, "cpu")
+    want = reference_streams(cfg, k, v)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("center", CENTERS)
 def test_strided_input_and_odd_shapes(center):
     cfg = config(center=center, page_size=64, chunk_size=16)

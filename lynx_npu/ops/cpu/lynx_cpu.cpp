@@ -3,7 +3,7 @@
 // Built on first use by lynx_npu/ops/cpu_backend.py (g++ -O3 -march=native -ffp-contract=off
 // -fopenmp) and called through ctypes; no torch headers, so it builds in seconds.
 // Arithmetic is the reference's float32 sequence (lynx_ref.py docstring) with no FMA
-// contraction; IEEE division; f16/bf16 conversions round to nearest even. The chunk centre is
+// contraction; IEEE division only for reciprocals; f16/bf16 conversions round to nearest even. The chunk centre is
 // the midrange f16((max + min) / 2) or the mean, summed in the reference's fixed tree (zero-pad
 // to a power of two, then add adjacent pairs: s[i] = s[2i] + s[2i+1]), so every backend agrees
 // bit for bit.
@@ -238,12 +238,14 @@ inline float centre_absmax(float* __restrict v, int64_t n, float m) {
   return bitsf(best);
 }
 
-inline void divide_or_zero(float* __restrict v, int64_t n, float s) {
-  if (s > 0.0f) {
-    for (int64_t i = 0; i < n; ++i) v[i] = v[i] / s;
-  } else {
-    for (int64_t i = 0; i < n; ++i) v[i] = 0.0f;
-  }
+// RN(1 / s), or 0 where that is not finite (s == 0, or below 2**-128): lynx_ref.reciprocal_or_zero.
+inline float recip_or_zero(float s) {
+  const float r = 1.0f / s;
+  return std::isfinite(r) ? r : 0.0f;
+}
+
+inline void multiply(float* __restrict v, int64_t n, float r) {
+  for (int64_t i = 0; i < n; ++i) v[i] = v[i] * r;
 }
 
 int64_t next_pow2(int64_t n) {
@@ -367,16 +369,17 @@ void quantize_codes(const float* __restrict xf, int64_t n, const Table& tb, cons
 }
 
 // Normalise, chunk-centre and scale rows [r0, r0 + rows) of one head's page tile (in place),
-// writing the chunk statistics. buf rows are D floats; scale = gmax - gmin per channel.
+// writing the chunk statistics. buf rows are D floats; inv_scale = recip_or_zero(gmax - gmin)
+// per channel.
 void chunk_rows(const Params& p, bool token_axis, float* buf, int64_t r0, int64_t rows,
-                int64_t tp, const float* gmin, const float* scale, uint16_t* mu16,
+                int64_t tp, const float* gmin, const float* inv_scale, uint16_t* mu16,
                 uint16_t* sg16, std::vector<float>& fold, std::vector<float>& colmax,
-                std::vector<float>& mu, std::vector<float>& sig) {
+                std::vector<float>& mu, std::vector<float>& inv_sig) {
   const int64_t D = p.head_dim, C = p.chunk, cp = next_pow2(C);
   for (int64_t i = 0; i < rows; ++i) {
     float* __restrict br = buf + (r0 + i) * D;
     for (int64_t d = 0; d < D; ++d)
-      br[d] = scale[d] > 0.0f ? (br[d] - gmin[d]) / scale[d] : 0.0f;
+      br[d] = (br[d] - gmin[d]) * inv_scale[d];
   }
   if (!token_axis) {  // one chunk = these rows (C tokens of each channel), vectorized over d
     const int64_t cnt = rows;
@@ -433,11 +436,11 @@ void chunk_rows(const Params& p, bool token_axis, float* buf, int64_t r0, int64_
     for (int64_t d = 0; d < D; ++d) {
       const uint16_t hs = f32_to_f16(colmax[d]);
       sg16[d] = hs;
-      sig[d] = f16_to_f32(hs);
+      inv_sig[d] = recip_or_zero(f16_to_f32(hs));
     }
     for (int64_t i = 0; i < cnt; ++i) {
       float* __restrict br = buf + (r0 + i) * D;
-      for (int64_t d = 0; d < D; ++d) br[d] = sig[d] > 0.0f ? br[d] / sig[d] : 0.0f;
+      for (int64_t d = 0; d < D; ++d) br[d] = br[d] * inv_sig[d];
     }
   } else {  // chunks of C head_dim values of each token
     const int64_t ncd = (D + C - 1) / C;
@@ -450,7 +453,7 @@ void chunk_rows(const Params& p, bool token_axis, float* buf, int64_t r0, int64_
         const uint16_t hm = f32_to_f16(p.midrange ? midrange(seg, cnt)
                                                   : tree_sum(seg, cnt, cp, fold.data()) / (float)cnt);
         const uint16_t hs = f32_to_f16(centre_absmax(seg, cnt, f16_to_f32(hm)));
-        divide_or_zero(seg, cnt, f16_to_f32(hs));
+        multiply(seg, cnt, recip_or_zero(f16_to_f32(hs)));
         mu16[i * ncd + c] = hm;
         sg16[i * ncd + c] = hs;
       }
@@ -528,7 +531,7 @@ void compress_item(const Params& p, int which, const int64_t* row, const typenam
     for (int64_t d = 0; d < D; ++d) {
       gamma[h * D + d] = Conv::store(gmin[d]);  // exact: an input value
       gamma[H * D + h * D + d] = Conv::store(gmax[d]);
-      gmax[d] = gmax[d] - gmin[d];  // now the scale
+      gmax[d] = recip_or_zero(gmax[d] - gmin[d]);  // now 1 / scale (0: a constant channel)
     }
     // Pass 2: per L1-sized block of rows: statistics, codes, packing.
     for (int64_t r0 = 0; r0 < tp; r0 += block) {

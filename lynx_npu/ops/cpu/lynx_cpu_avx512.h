@@ -312,22 +312,26 @@ inline bool compress_fast(const Params& p, const Table& tb, int64_t sd) {
   return true;
 }
 
+// RN(1 / s) per lane, 0 where that is not finite (recip_or_zero).
+inline __m512 recip_or_zero16(__m512 s) {
+  const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), s);
+  const __mmask16 fin = _mm512_cmp_ps_mask(_mm512_abs_ps(r), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+  return _mm512_maskz_mov_ps(fin, r);
+}
+
 // The centring of one block: per parameter set k (a 16-channel strip, channel axis; a chunk,
-// token axis) mu, sigma (16 lanes each) and sigma > 0. Register z of the block's tile uses set
-// (z / every) % wrap.
+// token axis) mu and recip_or_zero(sigma) (16 lanes each). Register z of the block's tile uses
+// set (z / every) % wrap.
 struct Centres {
-  std::vector<float> mu, sig;
-  std::vector<__mmask16> pos;
+  std::vector<float> mu, inv_sig;
   int64_t every = 1, wrap = 1;
   void resize(int64_t n) {
     mu.resize(16 * n);
-    sig.resize(16 * n);
-    pos.resize(n);
+    inv_sig.resize(16 * n);
   }
   void set(int64_t k, __m512 m, __m512 s) {
     _mm512_storeu_ps(mu.data() + 16 * k, m);
-    _mm512_storeu_ps(sig.data() + 16 * k, s);
-    pos[k] = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ);
+    _mm512_storeu_ps(inv_sig.data() + 16 * k, recip_or_zero16(s));
   }
 };
 
@@ -357,7 +361,7 @@ struct Prefetcher {
   }
 };
 
-// Codes of the block's nz registers xf = (tile - mu) / sigma (0 where sigma == 0), four at a
+// Codes of the block's nz registers xf = (tile - mu) * recip_or_zero(sigma), four at a
 // time; written packed (4 + 4 split: straight to the streams) or as bytes for pack(). Each four
 // registers also advance the prefetch by pf_per_batch lines.
 template <typename Coder>
@@ -372,7 +376,7 @@ __attribute__((noinline)) void code_block(const Coder& coder, const Centres& c, 
       if (++k == c.wrap) k = 0;
     }
     const __m512 xc = _mm512_sub_ps(_mm512_loadu_ps(tile + 16 * z), _mm512_loadu_ps(&c.mu[16 * set]));
-    return _mm512_maskz_div_ps(c.pos[set], xc, _mm512_loadu_ps(&c.sig[16 * set]));
+    return _mm512_mul_ps(xc, _mm512_loadu_ps(&c.inv_sig[16 * set]));
   };
   int64_t z = 0;
   for (; z + 4 <= nz; z += 4) {
@@ -398,17 +402,17 @@ __attribute__((noinline)) void code_block(const Coder& coder, const Centres& c, 
   }
 }
 
-// Normalise rows [r0, r0 + rows) of one head into tile (rows x D): (x - gmin) / scale, 0 where
-// scale == 0. If lo / hi: their per-strip min / max over the rows.
+// Normalise rows [r0, r0 + rows) of one head into tile (rows x D): (x - gmin) * inv_scale. If
+// lo / hi: their per-strip min / max over the rows.
 template <typename Conv>
 inline void normalise_rows(const typename Conv::raw* xh, int64_t st, int64_t r0, int64_t rows,
-                           int64_t D, const float* gmin, const float* scale,
-                           const __mmask16* spos, float* tile, __m512* lo, __m512* hi) {
+                           int64_t D, const float* gmin, const float* inv_scale, float* tile,
+                           __m512* lo, __m512* hi) {
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < D / 16; ++j) {
       const __m512 x = load16<Conv>(xh + (r0 + i) * st + 16 * j);
-      const __m512 xn = _mm512_maskz_div_ps(spos[j], _mm512_sub_ps(x, _mm512_loadu_ps(gmin + 16 * j)),
-                                            _mm512_loadu_ps(scale + 16 * j));
+      const __m512 xn = _mm512_mul_ps(_mm512_sub_ps(x, _mm512_loadu_ps(gmin + 16 * j)),
+                                      _mm512_loadu_ps(inv_scale + 16 * j));
       _mm512_storeu_ps(tile + i * D + 16 * j, xn);
       if (lo) {
         lo[j] = i ? _mm512_min_ps(lo[j], xn) : xn;
@@ -563,13 +567,12 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
   s.a.resize(block * D);
   s.r.resize(block * D);
   float* gmin = s.gmin.data();
-  float* scale = s.gmax.data();
+  float* scale = s.gmax.data();  // gmax, then recip_or_zero(gmax - gmin)
   const SegSearch512 seg(tb.thresholds, p.y_max);
   const Coder512T<SegSearch512> seg_coder(seg, p);
   const Coder512 bin_coder(Search512(tb.thresholds), p);
   Centres centres;
   Prefetcher pf;
-  __mmask16 spos[16];
   // lines per batch of 64 codes (the next tile has as many rows as this one, or fewer), + 1
   const int64_t row_lines = (D * (int64_t)sizeof(typename Conv::raw) + 63) / 64;
   const int pf_per_batch = (int)((64 * row_lines + D - 1) / D) + 1;
@@ -586,10 +589,8 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
     for (int64_t d = 0; d < D; ++d) {
       gamma[h * D + d] = Conv::store(gmin[d]);  // exact: an input value
       gamma[H * D + h * D + d] = Conv::store(scale[d]);
-      scale[d] = scale[d] - gmin[d];
+      scale[d] = recip_or_zero(scale[d] - gmin[d]);
     }
-    for (int64_t j = 0; j < ns; ++j)
-      spos[j] = _mm512_cmp_ps_mask(_mm512_loadu_ps(scale + 16 * j), _mm512_setzero_ps(), _CMP_GT_OQ);
     if (h + 1 < H)
       pf.start(xh + sh, st, tp, D);
     else if (next_row)
@@ -600,7 +601,7 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
     for (int64_t r0 = 0; r0 < tp; r0 += block) {
       const int64_t rows = std::min(block, tp - r0);
       __m512 lo[16], hi[16];  // channel axis: per-strip min / max of the block
-      normalise_rows<Conv>(xh, st, r0, rows, D, gmin, scale, spos, s.buf.data(),
+      normalise_rows<Conv>(xh, st, r0, rows, D, gmin, scale, s.buf.data(),
                            token_axis ? nullptr : lo, hi);
       if (token_axis) {
         uint16_t* mu16 = stats + (h * tp + r0) * ncd;
