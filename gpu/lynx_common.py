@@ -1,5 +1,5 @@
-"""Triton helpers shared by the Lynx kernels: section offsets, packed-code loads, the FMA
-division and the min / max combine.
+"""Triton helpers shared by the Lynx kernels: section offsets, packed-code loads and the min /
+max combine.
 
 Every helper reproduces a step of lynx_npu/codec/lynx_ref.py exactly (float32; launchers pass
 ``enable_fp_fusion=False``, so only the explicit ``tl.fma`` calls fuse). Packing follows
@@ -45,16 +45,6 @@ def unpack_fields(b8_ptr, w_ptr, off, grp, qmask, Q: tl.constexpr, BITS: tl.cons
             word = tl.sum(b.to(tl.int64) << (j.to(tl.int64) * 8)[None, :], axis=1)
             sh = tl.arange(0, 8).to(tl.int64) * BITS
             return ((word[:, None] >> sh[None, :]) & MASK).to(tl.int32)
-
-
-@triton.jit
-def div_known(x, b, y):
-    """x / b rounded to nearest, given y = RN(1 / b): q = x*y, r = x - q*b (exact with an FMA),
-    q + r*y (Markstein). Equal to IEEE division whenever r does not underflow: x == 0 or
-    |x| >= 2**-102, with a normal quotient (callers guard the rest)."""
-    q = x * y
-    r = tl.fma(-q, b, x)
-    return tl.fma(r, y, q)
 
 
 @triton.jit
