@@ -233,15 +233,15 @@ def _sigma_recip(sigma, recip_ptr, TABLE: tl.constexpr):
     TABLE (for reciprocals computed once per strip): RN(1 / 1.m) from a 1024-entry table
     (ops/tables.py ``recip_table``) with the exponent subtracted (a float16 mantissa has 10
     bits; scaling by 2**-e is exact and the result stays normal), ~5 ops instead of an IEEE
-    division; else the division (no dependent load in a step's chain)."""
+    division; else _recip_or_zero (no dependent load in a step's chain)."""
     s = sigma.to(tl.float32)
     if TABLE:
         b = s.to(tl.int32, bitcast=True)
         t = tl.load(recip_ptr + ((b >> 13) & 1023)).to(tl.int32, bitcast=True)
         inv = (t - (b & 0x7F800000) + (127 << 23)).to(tl.float32, bitcast=True)
+        return tl.where(sigma > 0, inv, 0.0)
     else:
-        inv = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
-    return tl.where(sigma > 0, inv, 0.0)
+        return _recip_or_zero(s)
 
 
 @triton.jit

@@ -3,10 +3,10 @@
 // Built on first use by lynx_npu/ops/cpu_backend.py (g++ -O3 -march=native -ffp-contract=off
 // -fopenmp) and called through ctypes; no torch headers, so it builds in seconds.
 // Arithmetic is the reference's float32 sequence (lynx_ref.py docstring) with no FMA
-// contraction; IEEE division only for reciprocals; f16/bf16 conversions round to nearest even. The chunk centre is
-// the midrange f16((max + min) / 2) or the mean, summed in the reference's fixed tree (zero-pad
-// to a power of two, then add adjacent pairs: s[i] = s[2i] + s[2i+1]), so every backend agrees
-// bit for bit.
+// contraction; IEEE division (only for the reciprocals of scale and sigma, and the mean);
+// f16/bf16 conversions round to nearest even. The chunk centre is the midrange
+// f16((max + min) / 2) or the mean, summed in the reference's fixed tree (zero-pad to a power
+// of two, then add adjacent pairs: s[i] = s[2i] + s[2i+1]), so every backend agrees bit for bit.
 // Codes: bucket lookup + threshold probes (lynx_npu/ops/tables.py), exact.
 // Work items: compress = (page, K|V) so each item writes one contiguous byte range;
 // decompress = (page, K|V, head).

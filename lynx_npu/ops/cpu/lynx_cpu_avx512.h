@@ -12,7 +12,7 @@
 // an L1 tile, the chunk statistics follow (token-axis chunks four at a time, through a
 // transposing shuffle tree), then the codes, four registers at a time so that four searches
 // overlap; the 4 + 4 split's nibbles are packed in registers, other splits through pack().
-// The two divisions per value (normalise, scale by sigma) bound it, with the searches.
+// The two normalising multiplications (by 1 / scale, 1 / sigma) and the searches bound it.
 // Decompress (4 + 4 split) reads 16 bytes of each stream per 32 values and decodes the even and
 // the odd values of the group in two registers, so nibbles never need reordering; bf16 / f16
 // results are interleaved on the way out. Token-contiguous paged K (vLLM CPU) is decoded into a
