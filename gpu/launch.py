@@ -28,7 +28,7 @@ MAX_TILE = 16384      # values per program (registers)
 MAX_PAGE = 1024
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
 TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True, "SMEM": None,
-                       "maxnreg": None},
+                       "maxnreg": None, "X_WORDS": None, "EVICT": None},
           "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None}}
 
 
@@ -105,6 +105,15 @@ def _table_in_smem() -> bool:
     """The compress search table through shared memory (tl.gather) or from global memory."""
     smem = TUNING["compress"]["SMEM"]
     return True if smem is None else bool(smem)
+
+
+def _x_words(x: torch.Tensor) -> bool:
+    """Whether compress may read bfloat16 KV as int32 words of two channels (lynx_compress.py
+    ``_load_step``): channels contiguous, every other stride and the address even."""
+    if TUNING["compress"]["X_WORDS"] is False:
+        return False
+    return (x.dtype == torch.bfloat16 and x.stride(-1) == 1 and x.data_ptr() % 4 == 0
+            and all(s % 2 == 0 for s in x.stride()[:-1]))
 
 
 def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
@@ -205,7 +214,8 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
             MIDRANGE=cfg.center == "midrange",
             TREE=TUNING["compress"]["TREE"], A_WORDS=a_words,
             R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),
-            EVEN_D=plan.head_dim % blk["BD"] == 0,
+            EVEN_D=plan.head_dim % blk["BD"] == 0, X_WORDS=_x_words(x),
+            EVICT=TUNING["compress"]["EVICT"] is not False,
             num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
     return anchor, residual
 

@@ -106,8 +106,10 @@ def _split(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl
 @triton.jit
 def _store_fields(u, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, grp, gm,
                   A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
-                  A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, RS: tl.constexpr):
-    """u [RS, 8] = anchor field << R_BITS | residual field ^ BIAS -> both packed streams."""
+                  A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, RS: tl.constexpr,
+                  HINT: tl.constexpr):
+    """u [RS, 8] = anchor field << R_BITS | residual field ^ BIAS -> both packed streams
+    (stores with eviction policy HINT)."""
     if (A_BITS == 4) & (R_BITS == 4) & A_WORDS & R_WORDS:
         # 4 + 4: bytes of the even / odd values in two words, then nibbles by word masks
         ue, uo = tl.split(tl.reshape(u, [RS, 4, 2]))
@@ -118,42 +120,90 @@ def _store_fields(u, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, grp, gm
         anchor = ((we >> 4) & lo4) | (wo & ~lo4)
         residual = ((we & lo4) | ((wo << 4) & ~lo4)) ^ (BIAS * 0x11111111)
         ap = tl.max_contiguous(aw_ptr + codes_off // 4 + grp, [1])
-        tl.store(ap, anchor, mask=gm)
+        tl.store(ap, anchor, mask=gm, eviction_policy=HINT)
         rp = tl.max_contiguous(rw_ptr + res_off // 4 + grp, [1])
-        tl.store(rp, residual, mask=gm)
+        tl.store(rp, residual, mask=gm, eviction_policy=HINT)
     else:
-        _pack_store(u >> R_BITS, a8_ptr, aw_ptr, codes_off, grp, gm, A_BITS, A_WORDS)
+        _pack_store(u >> R_BITS, a8_ptr, aw_ptr, codes_off, grp, gm, A_BITS, A_WORDS, HINT)
         _pack_store((u ^ BIAS) & ((1 << R_BITS) - 1), r8_ptr, rw_ptr, res_off, grp, gm, R_BITS,
-                    R_WORDS)
+                    R_WORDS, HINT)
 
 
 @triton.jit
-def _pack_store(f, b8_ptr, w_ptr, off, grp, gmask, BITS: tl.constexpr, WORDS: tl.constexpr):
+def _pack_store(f, b8_ptr, w_ptr, off, grp, gmask, BITS: tl.constexpr, WORDS: tl.constexpr,
+                HINT: tl.constexpr):
     """Store fields f [R, 8] (row r: 8 consecutive stream values, in one thread) packed
     LSB-first at group index ``grp[r]`` of the stream at byte offset ``off``."""
     if WORDS:  # one word of BITS bytes per group, one store per thread
         w = tl.sum(f << (tl.arange(0, 8) * BITS)[None, :], axis=1)
         ptr = tl.max_contiguous(w_ptr + off // BITS + grp, [1])
-        tl.store(ptr, w.to(w_ptr.dtype.element_ty), mask=gmask)
+        tl.store(ptr, w.to(w_ptr.dtype.element_ty), mask=gmask, eviction_policy=HINT)
     else:  # 8 values -> BITS bytes through a 64-bit word
         w = tl.sum(f.to(tl.int64) << (tl.arange(0, 8).to(tl.int64) * BITS)[None, :], axis=1)
         b = tl.arange(0, 8)
         byte = (w[:, None] >> (b.to(tl.int64) * 8)[None, :]) & 255
         tl.store(b8_ptr + off + grp[:, None] * BITS + b[None, :], byte.to(tl.uint8),
-                 mask=gmask[:, None] & (b < BITS)[None, :])
+                 mask=gmask[:, None] & (b < BITS)[None, :], eviction_policy=HINT)
 
 
 @triton.jit
-def _load_rows(xh, s_t, body0, tr, tp, xoff, cm, other, EVEN_D: tl.constexpr):
+def _load_rows(xh, s_t, body0, tr, tp, xoff, cm, other, EVEN_D: tl.constexpr,
+               HINT: tl.constexpr):
     """The strip's rows of page tokens ``tr`` [R] (channel offsets ``xoff`` [R, 8]). Tokens past
     the page body (tp >= 1) read its last token instead: a copy changes no min / max, and
     what is computed from it is never stored; so only channels past head_dim (not EVEN_D)
-    need a mask, and the full strips of real KV load with no mask and no fill registers."""
+    need a mask, and the full strips of real KV load with no mask and no fill registers.
+    HINT: the L1 / L2 eviction policy of the load ("" for none)."""
     ptr = xh + ((body0 + tl.minimum(tr, tp - 1)) * s_t)[:, None] + xoff
     if EVEN_D:
-        return tl.load(ptr)
+        return tl.load(ptr, eviction_policy=HINT)
     else:
-        return tl.load(ptr, mask=cm, other=other)
+        return tl.load(ptr, mask=cm, other=other, eviction_policy=HINT)
+
+
+@triton.jit
+def _load_step(xh, s_t, body0, tr, tp, xoff, cm, NAN: tl.constexpr, EVEN_D: tl.constexpr,
+               WORDS: tl.constexpr, HINT: tl.constexpr):
+    """Pass 2's rows as loaded (padding NaN if NAN, else 0): ``_load_rows`` in the KV dtype
+    [R, 8], or, if WORDS (bfloat16, channels contiguous, even strides), as int32 words of two
+    values [R, 4] (``xoff`` and ``cm`` then in words). ``_widen`` converts a word with one
+    shift or mask per value, where the values' own loads cost an extract and a shift (PRMT +
+    IMAD) for every odd one."""
+    if WORDS:
+        ptr = (xh.to(tl.pointer_type(tl.int32))
+               + ((body0 + tl.minimum(tr, tp - 1)) * (s_t // 2))[:, None] + xoff)
+        if EVEN_D:
+            return tl.load(ptr, eviction_policy=HINT)
+        elif NAN:  # two bfloat16 NaNs
+            return tl.load(ptr, mask=cm, other=0x7FC07FC0, eviction_policy=HINT)
+        else:
+            return tl.load(ptr, mask=cm, other=0, eviction_policy=HINT)
+    else:
+        return _load_rows(xh, s_t, body0, tr, tp, xoff, cm, float("nan") if NAN else 0.0,
+                          EVEN_D, HINT)
+
+
+@triton.jit
+def _step_offsets(gr, s_d, D, WORDS: tl.constexpr):
+    """Channel offsets and mask of rows starting at channels ``gr`` [R], for ``_load_step``:
+    [R, 8] values, or [R, 4] words if WORDS (channels contiguous)."""
+    if WORDS:
+        jw = tl.arange(0, 4)
+        return gr[:, None] // 2 + jw[None, :], (gr[:, None] + 2 * jw[None, :]) < D
+    else:
+        j = tl.arange(0, 8)
+        return (gr[:, None] + j[None, :]) * s_d, (gr[:, None] + j[None, :]) < D
+
+
+@triton.jit
+def _widen(xk, R: tl.constexpr, WORDS: tl.constexpr):
+    """``_load_step``'s rows -> float32 [R, 8] (a bfloat16 is the high half of its float32)."""
+    if WORDS:
+        lo = (xk << 16).to(tl.float32, bitcast=True)
+        hi = (xk & -65536).to(tl.float32, bitcast=True)
+        return tl.reshape(tl.join(lo, hi), [R, 8])
+    else:
+        return xk.to(tl.float32)
 
 
 @triton.jit
@@ -249,14 +299,15 @@ def _encode_rows(xn, mu, isg, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off
                  tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr,
                  EPS: tl.constexpr, RS: tl.constexpr, A_BITS: tl.constexpr,
                  R_BITS: tl.constexpr, BIAS: tl.constexpr,
-                 A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, SMEM: tl.constexpr):
+                 A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, SMEM: tl.constexpr,
+                 HINT: tl.constexpr):
     """xn (normalised values, any shape of RS*8), mu (f16) and _sigma_recip's isg, all
     broadcastable -> packed codes of the RS groups ``grp`` (stored where ``gm``)."""
     xf = (xn - mu.to(tl.float32)) * isg
     u = _split(tl.reshape(xf, [RS, 8]), tab, search_ptr, ALPHA, SCALE, P0, EPS, A_BITS,
                R_BITS, BIAS, RS, SMEM)
     _store_fields(u, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, grp, gm, A_BITS, R_BITS,
-                  BIAS, A_WORDS, R_WORDS, RS)
+                  BIAS, A_WORDS, R_WORDS, RS, HINT)
 
 
 @triton.jit
@@ -267,7 +318,7 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
                    A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
                    A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr,
                    TREE: tl.constexpr, SMEM: tl.constexpr,
-                   EVEN_D: tl.constexpr):
+                   EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr):
     """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8], gmin and y = 1 / scale
     (``_recip_or_zero``) [G, 8]:
     chunk statistics, then the strip again in NIT = C / CS steps of [NC, CS, G, 8] (step k
@@ -282,8 +333,7 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
     r = tl.arange(0, RS)  # r = (cs * NC + nc) * G + g (as in pass 1)
     gr = d0 + (r % G) * 8
     tr0 = ((r // G) % NC) * C + (r // (G * NC)) * NIT
-    cm = (gr[:, None] + j[None, :]) < D
-    xoff = (gr[:, None] + j[None, :]) * s_d
+    xoff, cm = _step_offsets(gr, s_d, D, WORDS)
     if MIDRANGE:
         mu, sigma = _stats(lo_n, hi_n, lo_n, lo_n, True)
     else:  # the chunk sums need every normalised value: the whole strip at once
@@ -314,16 +364,16 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
     isg = _sigma_recip(sigma, recip_ptr, True)
     # each step's rows are loaded a step ahead (the re-read mostly comes from L2: its latency
     # is hidden behind a step of work rather than by other warps, of which there are few)
-    xk = _load_rows(xh, s_t, body0, tr0, tp, xoff, cm, 0.0, EVEN_D)
-    for k in range(NIT):
+    xk = _load_step(xh, s_t, body0, tr0, tp, xoff, cm, False, EVEN_D, WORDS, HINT)
+    for k in tl.range(NIT, loop_unroll_factor=2):  # no register copies of x_next
         tr = tr0 + k
-        x_next = _load_rows(xh, s_t, body0, tr0 + tl.minimum(k + 1, NIT - 1), tp, xoff, cm, 0.0,
-                            EVEN_D)
-        xn = (tl.reshape(xk, [CS, NC, G, 8]).to(tl.float32) - gmin) * y
+        x_next = _load_step(xh, s_t, body0, tr0 + tl.minimum(k + 1, NIT - 1), tp, xoff, cm,
+                            False, EVEN_D, WORDS, HINT)
+        xn = (tl.reshape(_widen(xk, RS, WORDS), [CS, NC, G, 8]) - gmin) * y
         _encode_rows(xn, tl.expand_dims(mu, 0), tl.expand_dims(isg, 0),
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
                      r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, P0, EPS,
-                     RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM)
+                     RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM, HINT)
         xk = x_next
 
 
@@ -344,7 +394,7 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
                  C: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
                  BIAS: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
                  MIDRANGE: tl.constexpr, TREE: tl.constexpr, SMEM: tl.constexpr,
-                 EVEN_D: tl.constexpr):
+                 EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr):
     """Token axis, given gmin, y = 1 / scale [GT, NCD, GL, 8] (pass 1's layout): the strip again, TS
     tokens at a time as [GT, TS, NCD, GL, 8] (``_token_rows``), normalised; chunk statistics
     per token, codes, stores. Row r lives in thread r % (32 * num_warps) (the launcher's TS
@@ -359,19 +409,19 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
     y5 = tl.expand_dims(y, 1)
     j = tl.arange(0, 8)
     t_r, gr = _token_rows(tl.arange(0, RS), d0, TS, NCD, GT, GL)
+    xoff, cmx = _step_offsets(gr, s_d, D, WORDS)
     cm = (gr[:, None] + j[None, :]) < D
-    xoff = (gr[:, None] + j[None, :]) * s_d
     ts = tl.arange(0, TS)[:, None]
     c0 = d0 + tl.arange(0, NCD)[None, :] * CE  # first channel of each chunk
     ncd = (D + C - 1) // C
     # channels past head_dim are NaN, which minnum / maxnum ignore (a chunk's padding); each
     # step's rows are loaded a step ahead, as on the channel axis
-    xk = _load_rows(xh, s_t, body0, t_r, tp, xoff, cm, float("nan"), EVEN_D)
-    for k in range(BT // TS):
+    xk = _load_step(xh, s_t, body0, t_r, tp, xoff, cmx, True, EVEN_D, WORDS, HINT)
+    for k in tl.range(BT // TS, loop_unroll_factor=2):  # no register copies of x_next
         tr = k * TS + t_r
-        x_next = _load_rows(xh, s_t, body0, tl.minimum(k + 1, BT // TS - 1) * TS + t_r, tp, xoff,
-                            cm, float("nan"), EVEN_D)
-        xn = (tl.reshape(xk, [GT, TS, NCD, GL, 8]).to(tl.float32) - gmin5) * y5
+        x_next = _load_step(xh, s_t, body0, tl.minimum(k + 1, BT // TS - 1) * TS + t_r, tp,
+                            xoff, cmx, True, EVEN_D, WORDS, HINT)
+        xn = (tl.reshape(_widen(xk, RS, WORDS), [GT, TS, NCD, GL, 8]) - gmin5) * y5
         lo, hi = tl.reduce((xn, xn), 4, minmax_combine)
         lo, hi = tl.reduce((lo, hi), 3, minmax_combine)
         lo, hi = tl.reduce((lo, hi), 0, minmax_combine)  # [TS, NCD]
@@ -394,7 +444,7 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
         _encode_rows(xn, mu[None, :, :, None, None], isg[None, :, :, None, None], (h * tp + tr) * (D // 8) + gr // 8,
                      (tr < tp) & (gr < D), a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
                      tab, search_ptr, ALPHA, SCALE, P0, EPS, RS, A_BITS, R_BITS, BIAS, A_WORDS,
-                     R_WORDS, SMEM)
+                     R_WORDS, SMEM, HINT)
         xk = x_next
 
 
@@ -416,7 +466,7 @@ def lynx_compress_kernel(
         ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
         MIDRANGE: tl.constexpr, A_WORDS: tl.constexpr,
         R_WORDS: tl.constexpr, SEC: tl.constexpr, SMEM: tl.constexpr, EVEN_D: tl.constexpr,
-        TREE: tl.constexpr = True):
+        X_WORDS: tl.constexpr, EVICT: tl.constexpr, TREE: tl.constexpr = True):
     dt = tl.program_id(0) % NUM_DT  # channel strips vary fastest: neighbours share input rows
     page = tl.program_id(0) // NUM_DT
     h = tl.program_id(1)
@@ -491,7 +541,8 @@ def lynx_compress_kernel(
             tr = tr0 + k
         else:
             tr = tr0 + k * TS
-        xk = _load_rows(xh, s_t, body0, tr, tp, xoff, cm, float("nan"), EVEN_D).to(xdt)
+        xk = _load_rows(xh, s_t, body0, tr, tp, xoff, cm, float("nan"), EVEN_D,
+                        "evict_last" if EVICT else "").to(xdt)
         lo = pmin(lo, xk)
         hi = pmax(hi, xk)
     lo = lo.to(tl.float32)
@@ -513,12 +564,12 @@ def lynx_compress_kernel(
         _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats, recip_ptr,
                        codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
                        SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
-                       MIDRANGE, TREE, SMEM, EVEN_D)
+                       MIDRANGE, TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "")
     else:
         _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr, codes_off,
                      res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA, SCALE, P0,
                      EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, MIDRANGE,
-                     TREE, SMEM, EVEN_D)
+                     TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "")
     gdt = akv_ptr.dtype.element_ty
     if not TOKEN_AXIS:
         dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]

@@ -103,9 +103,9 @@ def test_streams_interchange_with_the_cpu_backend():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_compress_bytes_extreme_values(dtype):
-    """Channels that leave the kernels' fast FMA division for IEEE division: a page min of
-    exactly 0 (and one that is tiny) beside nonzero values, a huge page range, a constant
-    channel; and sign-of-zero cases (chunks where x == mu, an all-zero channel)."""
+    """Values at the edges of the normalisation: a page min of exactly 0 (and one that is tiny)
+    beside nonzero values, a huge page range (a reciprocal near the float32 limit), a constant
+    channel (reciprocal 0); and sign-of-zero cases (chunks where x == mu, an all-zero channel)."""
     cfg = config(center="midrange")
     k, v = random_kv(HEADS, 70, HEAD_DIM, torch.float32, seed=3)
     finfo = torch.finfo(dtype)
@@ -121,6 +121,24 @@ def test_compress_bytes_extreme_values(dtype):
     got = poisoned_compress(k.to(DEVICE), v.to(DEVICE), cfg, "triton")
     want = reference_streams(cfg, k, v)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("v_axis", ["token", "channel"])
+def test_compress_bytes_ragged_head_dim_and_strided_input(v_axis):
+    """bfloat16 KV is read as int32 words of two channels where the layout allows it
+    (launch.py ``_x_words``), else value by value: a head_dim that leaves the strip partly
+    masked (24: words with masks), and views with an odd token stride or an address two bytes
+    past a word (values), give the reference's bytes."""
+    cfg = config(v_axis=v_axis)
+    k, v = random_kv(HEADS, 70, 24, torch.bfloat16, seed=24)
+    got = poisoned_compress(k.to(DEVICE), v.to(DEVICE), cfg, "triton")
+    want = reference_streams(cfg, k, v)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "head_dim 24"
+    kw, vw = (x.to(DEVICE) for x in random_kv(HEADS, 70, HEAD_DIM + 1, torch.bfloat16, seed=5))
+    k, v = kw[..., 1:], vw[..., :HEAD_DIM]  # odd address / odd token stride
+    got = poisoned_compress(k, v, cfg, "triton")
+    want = reference_streams(cfg, k.cpu(), v.cpu())
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "strided views"
 
 
 @pytest.mark.parametrize("alpha_k,alpha_v", [(1e5, 3000.0), (0.01, 255.0)])
