@@ -28,7 +28,7 @@ MAX_TILE = 16384      # values per program (registers)
 MAX_PAGE = 1024
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
 TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True, "SMEM": None,
-                       "maxnreg": None, "X_WORDS": None, "EVICT": None},
+                       "maxnreg": None, "X_WORDS": None, "EVICT": None, "PACK_ASM": None},
           "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None}}
 
 
@@ -114,6 +114,14 @@ def _x_words(x: torch.Tensor) -> bool:
         return False
     return (x.dtype == torch.bfloat16 and x.stride(-1) == 1 and x.data_ptr() % 4 == 0
             and all(s % 2 == 0 for s in x.stride()[:-1]))
+
+
+def _pack_asm(x: torch.Tensor) -> bool:
+    """Whether compress packs 4 + 4 codes with inline PTX (lynx_compress.py ``_pack44``): on a
+    GPU, for 16-bit KV, whose rows of 8 values each live in one thread (float32 rows span
+    two, and splitting them would go through shared memory)."""
+    return (TUNING["compress"]["PACK_ASM"] is not False and not interpreting()
+            and x.element_size() == 2)
 
 
 def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
@@ -216,6 +224,7 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
             R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),
             EVEN_D=plan.head_dim % blk["BD"] == 0, X_WORDS=_x_words(x),
             EVICT=TUNING["compress"]["EVICT"] is not False,
+            PACK_ASM=_pack_asm(x),
             num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
     return anchor, residual
 

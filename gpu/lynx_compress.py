@@ -65,11 +65,13 @@ INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 @triton.jit
 def _codes(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr,
-           EPS: tl.constexpr, BIAS: tl.constexpr, RS: tl.constexpr, SMEM: tl.constexpr):
+           EPS: tl.constexpr, BIAS: tl.constexpr, RS: tl.constexpr, SMEM: tl.constexpr,
+           LOW_BYTE: tl.constexpr):
     """u = I + BIAS, I = #{thresholds <= |xf|} (int32, exactly searchsorted(thr, |xf|, right)):
     Eq. (3) in float32 gives I - 1 or I, one threshold from the search table settles it
     (ops/tables.py ``LogSearch``). The table is ``tab`` in registers (tl.gather goes through
-    shared memory) if SMEM, else read from global memory. xf: [RS, 8]."""
+    shared memory) if SMEM, else read from global memory. xf: [RS, 8]. LOW_BYTE: only the
+    low byte of u is used, so MAGIC_BITS (whose low 16 bits are 0) is left in: one add less."""
     a = tl.minimum(tl.abs(xf), 1.0)
     p = tl.fma(a, ALPHA, P0)
     if INTERPRET:  # numpy log2 (the interpreter has no fast_log2f); the result is the same
@@ -86,21 +88,83 @@ def _codes(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl
     else:
         t = tl.load(search_ptr + u0)
     # a < t (both >= 0: compare the bits) subtracts the 1
-    return u0 + ((a.to(tl.int32, bitcast=True) - t.to(tl.int32, bitcast=True)) >> 31)
+    below = (a.to(tl.int32, bitcast=True) - t.to(tl.int32, bitcast=True)) >> 31
+    if LOW_BYTE:
+        return w.to(tl.int32, bitcast=True) + below
+    else:
+        return u0 + below
+
+
+# 4 + 4 packing of one group of 8 codes in PTX (``_pack44``): PRMT gathers the low bytes of the
+# even / odd codes into two words and replicates each value's float32 sign bit into a byte
+# (selector nibbles 0xB / 0xF: byte 3 of the first / second operand, sign-extended), so a
+# value's sign costs a fraction of a byte permute instead of a compare and a predicated xor.
+# Operands: $0 anchor word, $1 residual word (before the bias); $2-$9 the codes u0..u7,
+# $10-$17 the values xf0..xf7 (as int32 bits).
+_PACK44_ASM = tl.constexpr("""{
+.reg .b32 ea, eb, e, oa, ob, o, sa, sb, se, so, t;
+prmt.b32 ea, $2, $4, 0x0040;
+prmt.b32 eb, $6, $8, 0x0040;
+prmt.b32 e, ea, eb, 0x5410;
+prmt.b32 oa, $3, $5, 0x0040;
+prmt.b32 ob, $7, $9, 0x0040;
+prmt.b32 o, oa, ob, 0x5410;
+prmt.b32 sa, $10, $12, 0x00FB;
+prmt.b32 sb, $14, $16, 0x00FB;
+prmt.b32 se, sa, sb, 0x5410;
+prmt.b32 sa, $11, $13, 0x00FB;
+prmt.b32 sb, $15, $17, 0x00FB;
+prmt.b32 so, sa, sb, 0x5410;
+and.b32 se, se, 0xF0F0F0F0;
+xor.b32 e, e, se;
+and.b32 so, so, 0xF0F0F0F0;
+xor.b32 o, o, so;
+shr.b32 t, e, 4;
+and.b32 t, t, 0x0F0F0F0F;
+and.b32 $0, o, 0xF0F0F0F0;
+or.b32 $0, $0, t;
+shl.b32 t, o, 4;
+and.b32 t, t, 0xF0F0F0F0;
+and.b32 $1, e, 0x0F0F0F0F;
+or.b32 $1, $1, t;
+}""")
+_PACK44_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 2 + ["r"] * 16))
 
 
 @triton.jit
-def _split(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr,
-           EPS: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
-           RS: tl.constexpr, SMEM: tl.constexpr):
-    """xf [RS, 8] -> u = anchor field << R_BITS | residual field ^ BIAS (unsigned A_BITS /
-    R_BITS-bit fields, Alg. 1 l.14-18)."""
-    # u = I + bias = (m << R_BITS) | w: the anchor magnitude m is u >> R_BITS (< 2**A_BITS, as
-    # I <= y_max), and the residual (m << R_BITS) - I = bias - w equals w ^ bias modulo
-    # 2**R_BITS (bias = 2**(R_BITS-1) - 1). -m - 1 == ~m: a negative value flips the A_BITS
-    # (xf < 0, not the sign bit: -0.0 is positive).
-    u = _codes(xf, tab, search_ptr, ALPHA, SCALE, P0, EPS, BIAS, RS, SMEM)
-    return tl.where(xf < 0, u ^ (((1 << A_BITS) - 1) << R_BITS), u)
+def _columns(x, RS: tl.constexpr):
+    """The 8 columns of x [RS, 8] as 8 tensors [RS] (free where a thread holds a row)."""
+    e, o = tl.split(tl.reshape(x, [RS, 4, 2]))      # columns 0 2 4 6 / 1 3 5 7
+    e04, e26 = tl.split(tl.reshape(e, [RS, 2, 2]))  # 0 4 / 2 6
+    o15, o37 = tl.split(tl.reshape(o, [RS, 2, 2]))  # 1 5 / 3 7
+    c0, c4 = tl.split(e04)
+    c2, c6 = tl.split(e26)
+    c1, c5 = tl.split(o15)
+    c3, c7 = tl.split(o37)
+    return c0, c1, c2, c3, c4, c5, c6, c7
+
+
+@triton.jit
+def _pack44(u, xf, RS: tl.constexpr):
+    """(anchor word, residual word before the bias) [RS] of u = I + bias [RS, 8] (only its
+    low byte is read) with the signs of xf [RS, 8] (never -0.0: ``_code_centre``), as
+    ``_store_fields``' 4 + 4 words."""
+    u0, u1, u2, u3, u4, u5, u6, u7 = _columns(u, RS)
+    x0, x1, x2, x3, x4, x5, x6, x7 = _columns(xf.to(tl.int32, bitcast=True), RS)
+    return tl.inline_asm_elementwise(
+        _PACK44_ASM, _PACK44_CONSTRAINTS,
+        [u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3, x4, x5, x6, x7],
+        dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _store_words(anchor, residual, aw_ptr, rw_ptr, codes_off, res_off, grp, gm,
+                 HINT: tl.constexpr):
+    """One 32-bit word of 8 anchor / residual nibbles per group ``grp`` (stored where ``gm``)."""
+    ap = tl.max_contiguous(aw_ptr + codes_off // 4 + grp, [1])
+    tl.store(ap, anchor, mask=gm, eviction_policy=HINT)
+    rp = tl.max_contiguous(rw_ptr + res_off // 4 + grp, [1])
+    tl.store(rp, residual, mask=gm, eviction_policy=HINT)
 
 
 @triton.jit
@@ -119,10 +183,7 @@ def _store_fields(u, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, grp, gm
         lo4: tl.constexpr = 0x0F0F0F0F
         anchor = ((we >> 4) & lo4) | (wo & ~lo4)
         residual = ((we & lo4) | ((wo << 4) & ~lo4)) ^ (BIAS * 0x11111111)
-        ap = tl.max_contiguous(aw_ptr + codes_off // 4 + grp, [1])
-        tl.store(ap, anchor, mask=gm, eviction_policy=HINT)
-        rp = tl.max_contiguous(rw_ptr + res_off // 4 + grp, [1])
-        tl.store(rp, residual, mask=gm, eviction_policy=HINT)
+        _store_words(anchor, residual, aw_ptr, rw_ptr, codes_off, res_off, grp, gm, HINT)
     else:
         _pack_store(u >> R_BITS, a8_ptr, aw_ptr, codes_off, grp, gm, A_BITS, A_WORDS, HINT)
         _pack_store((u ^ BIAS) & ((1 << R_BITS) - 1), r8_ptr, rw_ptr, res_off, grp, gm, R_BITS,
@@ -300,14 +361,33 @@ def _encode_rows(xn, mu, isg, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off
                  EPS: tl.constexpr, RS: tl.constexpr, A_BITS: tl.constexpr,
                  R_BITS: tl.constexpr, BIAS: tl.constexpr,
                  A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, SMEM: tl.constexpr,
-                 HINT: tl.constexpr):
-    """xn (normalised values, any shape of RS*8), mu (f16) and _sigma_recip's isg, all
-    broadcastable -> packed codes of the RS groups ``grp`` (stored where ``gm``)."""
-    xf = (xn - mu.to(tl.float32)) * isg
-    u = _split(tl.reshape(xf, [RS, 8]), tab, search_ptr, ALPHA, SCALE, P0, EPS, A_BITS,
-               R_BITS, BIAS, RS, SMEM)
-    _store_fields(u, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, grp, gm, A_BITS, R_BITS,
-                  BIAS, A_WORDS, R_WORDS, RS, HINT)
+                 HINT: tl.constexpr, PACK_ASM: tl.constexpr):
+    """xn (normalised values, any shape of RS*8), ``_code_centre``'s mu (float32) and
+    _sigma_recip's isg, all broadcastable -> packed codes of the RS groups ``grp`` (stored
+    where ``gm``), Alg. 1 l.14-18:
+    u = I + bias = (m << R_BITS) | w: the anchor magnitude m is u >> R_BITS (< 2**A_BITS, as
+    I <= y_max), and the residual (m << R_BITS) - I = bias - w equals w ^ bias modulo
+    2**R_BITS (bias = 2**(R_BITS-1) - 1). -m - 1 == ~m: a negative value flips the A_BITS.
+    PACK_ASM (16-bit KV, so that a thread holds each row): 4 + 4 words by ``_pack44``."""
+    xf = tl.reshape((xn - mu) * isg, [RS, 8])
+    PRMT: tl.constexpr = (A_BITS == 4) & (R_BITS == 4) & A_WORDS & R_WORDS & PACK_ASM
+    u = _codes(xf, tab, search_ptr, ALPHA, SCALE, P0, EPS, BIAS, RS, SMEM, PRMT)
+    if PRMT:
+        anchor, residual = _pack44(u, xf, RS)
+        _store_words(anchor, residual ^ (BIAS * 0x11111111), aw_ptr, rw_ptr, codes_off,
+                     res_off, grp, gm, HINT)
+    else:
+        u = tl.where(xf < 0, u ^ (((1 << A_BITS) - 1) << R_BITS), u)
+        _store_fields(u, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, grp, gm, A_BITS,
+                      R_BITS, BIAS, A_WORDS, R_WORDS, RS, HINT)
+
+
+@triton.jit
+def _code_centre(mu, isg, lo):
+    """The centre the codes subtract: mu (float16) as float32, but the chunk's least value
+    ``lo`` where isg == 0 (sigma rounds to 0: every xf is then +0, not -0 for values below
+    mu, so the sign of xf is its sign bit; the codes are those of mu, all 0 and positive)."""
+    return tl.where(isg > 0, mu.to(tl.float32), lo)
 
 
 @triton.jit
@@ -318,7 +398,8 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
                    A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
                    A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr,
                    TREE: tl.constexpr, SMEM: tl.constexpr,
-                   EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr):
+                   EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
+                   PACK_ASM: tl.constexpr):
     """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8], gmin and y = 1 / scale
     (``_recip_or_zero``) [G, 8]:
     chunk statistics, then the strip again in NIT = C / CS steps of [NC, CS, G, 8] (step k
@@ -345,7 +426,7 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
         ga = d0 + (ra % G) * 8
         ma = (ta < tp)[:, None] & ((ga[:, None] + j[None, :]) < D)
         xa = tl.load(xh + ((body0 + ta) * s_t)[:, None] + (ga[:, None] + j[None, :]) * s_d,
-                     mask=ma, other=0.0)
+                     mask=ma, other=0.0, eviction_policy="evict_last" if HINT != "" else "")
         xz = tl.where(tl.reshape(ma, [CR, CW, NC, G, 8]),
                       (tl.reshape(xa, [CR, CW, NC, G, 8]).to(tl.float32) - gmin) * y,
                       0.0)
@@ -362,6 +443,7 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
     tl.store(stats + sidx, mu, mask=smask)
     tl.store(stats + H * nct * D + sidx, sigma, mask=smask)
     isg = _sigma_recip(sigma, recip_ptr, True)
+    mu_c = tl.expand_dims(_code_centre(mu, isg, lo_n), 0)
     # each step's rows are loaded a step ahead (the re-read mostly comes from L2: its latency
     # is hidden behind a step of work rather than by other warps, of which there are few)
     xk = _load_step(xh, s_t, body0, tr0, tp, xoff, cm, False, EVEN_D, WORDS, HINT)
@@ -370,10 +452,10 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
         x_next = _load_step(xh, s_t, body0, tr0 + tl.minimum(k + 1, NIT - 1), tp, xoff, cm,
                             False, EVEN_D, WORDS, HINT)
         xn = (tl.reshape(_widen(xk, RS, WORDS), [CS, NC, G, 8]) - gmin) * y
-        _encode_rows(xn, tl.expand_dims(mu, 0), tl.expand_dims(isg, 0),
+        _encode_rows(xn, mu_c, tl.expand_dims(isg, 0),
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
                      r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, P0, EPS,
-                     RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM, HINT)
+                     RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM, HINT, PACK_ASM)
         xk = x_next
 
 
@@ -394,7 +476,8 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
                  C: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
                  BIAS: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
                  MIDRANGE: tl.constexpr, TREE: tl.constexpr, SMEM: tl.constexpr,
-                 EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr):
+                 EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
+                 PACK_ASM: tl.constexpr):
     """Token axis, given gmin, y = 1 / scale [GT, NCD, GL, 8] (pass 1's layout): the strip again, TS
     tokens at a time as [GT, TS, NCD, GL, 8] (``_token_rows``), normalised; chunk statistics
     per token, codes, stores. Row r lives in thread r % (32 * num_warps) (the launcher's TS
@@ -441,10 +524,12 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
         tl.store(stats + sidx, mu, mask=smask)
         tl.store(stats + H * tp * ncd + sidx, sigma, mask=smask)
         isg = _sigma_recip(sigma, recip_ptr, False)
-        _encode_rows(xn, mu[None, :, :, None, None], isg[None, :, :, None, None], (h * tp + tr) * (D // 8) + gr // 8,
+        mu_c = _code_centre(mu, isg, lo)
+        _encode_rows(xn, mu_c[None, :, :, None, None], isg[None, :, :, None, None],
+                     (h * tp + tr) * (D // 8) + gr // 8,
                      (tr < tp) & (gr < D), a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
                      tab, search_ptr, ALPHA, SCALE, P0, EPS, RS, A_BITS, R_BITS, BIAS, A_WORDS,
-                     R_WORDS, SMEM, HINT)
+                     R_WORDS, SMEM, HINT, PACK_ASM)
         xk = x_next
 
 
@@ -466,7 +551,8 @@ def lynx_compress_kernel(
         ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
         MIDRANGE: tl.constexpr, A_WORDS: tl.constexpr,
         R_WORDS: tl.constexpr, SEC: tl.constexpr, SMEM: tl.constexpr, EVEN_D: tl.constexpr,
-        X_WORDS: tl.constexpr, EVICT: tl.constexpr, TREE: tl.constexpr = True):
+        X_WORDS: tl.constexpr, EVICT: tl.constexpr, PACK_ASM: tl.constexpr,
+        TREE: tl.constexpr = True):
     dt = tl.program_id(0) % NUM_DT  # channel strips vary fastest: neighbours share input rows
     page = tl.program_id(0) // NUM_DT
     h = tl.program_id(1)
@@ -564,12 +650,13 @@ def lynx_compress_kernel(
         _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats, recip_ptr,
                        codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
                        SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
-                       MIDRANGE, TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "")
+                       MIDRANGE, TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "",
+                       PACK_ASM)
     else:
         _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr, codes_off,
                      res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA, SCALE, P0,
                      EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, MIDRANGE,
-                     TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "")
+                     TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "", PACK_ASM)
     gdt = akv_ptr.dtype.element_ty
     if not TOKEN_AXIS:
         dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]

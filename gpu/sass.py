@@ -77,6 +77,8 @@ def _capture(op: str, which: str, shape=(8, 512, 128)):
     fn, args, kw = calls["kv".index(which)]
     if "INTERPRET" in kw:  # captured under the interpreter; compiled for the GPU
         kw = {**kw, "INTERPRET": False}
+    if "PACK_ASM" in kw:  # the launcher's GPU choice (bfloat16 KV here)
+        kw = {**kw, "PACK_ASM": launch.TUNING["compress"]["PACK_ASM"] is not False}
     return fn, args, kw
 
 

@@ -34,7 +34,7 @@ from . import launch
 # RPT 4, V on 4 warps with RPT 2, the table in shared memory, no cap); the others are variants
 # last compared with it on the H100 (docs/benchmarks.md).
 COMPRESS = [dict(), dict(RPT=2), dict(RPT=4), dict(num_warps=2), dict(num_warps=4),
-            dict(SMEM=False), dict(X_WORDS=False), dict(EVICT=False), dict(BD=32),
+            dict(SMEM=False), dict(X_WORDS=False), dict(EVICT=False), dict(PACK_ASM=False),
             dict(BD=64)]
 # TB: tokens per program (all head_dim channels; at most the chunk on the channel axis).
 DECOMPRESS = [dict(TB=32, num_warps=4), dict(TB=16, num_warps=2), dict(TB=64, num_warps=8)]
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     base = None
     for var in COMPRESS:
         launch.TUNING["compress"].update({"BD": None, "num_warps": None, "RPT": None, "TREE": True,
-                                           "SMEM": None, "maxnreg": None, "X_WORDS": None, "EVICT": None, **var})
+                                           "SMEM": None, "maxnreg": None, "X_WORDS": None, "EVICT": None, "PACK_ASM": None, **var})
         a, r = ops.compress(k, v, cfg, backend="triton")
         if base is None:
             base = (a, r)
@@ -86,7 +86,8 @@ def main(argv=None) -> int:
         print(f"compress {var}: {gbps:.0f} GB/s ({gbps / copy:.0%}), same bytes {same}; "
               f"K, V kernels {', '.join(f'{t:.0f}' for t in us)} us", flush=True)
     launch.TUNING["compress"].update({"BD": None, "num_warps": None, "RPT": None, "TREE": True,
-                                       "SMEM": None, "maxnreg": None, "X_WORDS": None, "EVICT": None})
+                                       "SMEM": None, "maxnreg": None, "X_WORDS": None, "EVICT": None,
+                                       "PACK_ASM": None})
     a, r = base
     ref = None
     for var in ([] if args.compress_only else DECOMPRESS):
