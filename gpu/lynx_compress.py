@@ -344,15 +344,23 @@ def _sigma_recip(sigma, recip_ptr, TABLE: tl.constexpr):
     TABLE (for reciprocals computed once per strip): RN(1 / 1.m) from a 1024-entry table
     (ops/tables.py ``recip_table``) with the exponent subtracted (a float16 mantissa has 10
     bits; scaling by 2**-e is exact and the result stays normal), ~5 ops instead of an IEEE
-    division; else _recip_or_zero (no dependent load in a step's chain)."""
+    division; else (once per step: no dependent load) rcp.approx and one Newton step with
+    fmas, also RN(1 / sigma) for every float16 (tests/gpu: all of them), where the IEEE
+    division adds a range check and a slow-path branch that splits the loop body. The
+    interpreter divides."""
     s = sigma.to(tl.float32)
     if TABLE:
         b = s.to(tl.int32, bitcast=True)
         t = tl.load(recip_ptr + ((b >> 13) & 1023)).to(tl.int32, bitcast=True)
         inv = (t - (b & 0x7F800000) + (127 << 23)).to(tl.float32, bitcast=True)
         return tl.where(sigma > 0, inv, 0.0)
-    else:
+    elif INTERPRET:
         return _recip_or_zero(s)
+    else:
+        r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [s],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+        r = tl.fma(r, tl.fma(-s, r, 1.0), r)
+        return tl.where(sigma > 0, r, 0.0)
 
 
 @triton.jit

@@ -192,3 +192,31 @@ def test_paged_skips_slots_past_the_cache():
         untouched = torch.ones(nb * bs, dtype=torch.bool)
         untouched[slots[keep]] = False
         assert bool((flat[untouched] == -7.0).all()), "a slot outside the cache was written"
+
+
+@pytest.mark.skipif(not CUDA, reason="compiled path only: under the interpreter "
+                    "lynx_compress._sigma_recip divides (numpy); on a GPU it uses rcp.approx "
+                    "with a Newton step, or the reciprocal table")
+@pytest.mark.parametrize("table", [False, True])
+def test_sigma_reciprocal_is_exact_for_every_float16(table):
+    """The compress kernel's 1 / sigma equals the IEEE float32 division for every finite
+    float16 sigma >= 0 (0 gives 0), both ways it is computed."""
+    import triton
+    import triton.language as tl
+
+    from lynx_npu.gpu.lynx_compress import _sigma_recip
+    from lynx_npu.ops.tables import recip_table
+
+    @triton.jit
+    def recip_kernel(s_ptr, o_ptr, recip_ptr, TABLE: tl.constexpr):
+        i = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+        tl.store(o_ptr + i, _sigma_recip(tl.load(s_ptr + i), recip_ptr, TABLE))
+
+    bits = torch.arange(0, 0x7C00, dtype=torch.int32).to(torch.int16)  # +0 .. float16 max
+    sigma = bits.view(torch.float16).to(DEVICE)
+    out = torch.empty(sigma.shape, dtype=torch.float32, device=DEVICE)
+    recip_kernel[(sigma.numel() // 1024,)](sigma, out, recip_table(sigma.device), TABLE=table,
+                                          enable_fp_fusion=False)
+    s = sigma.cpu().double()
+    want = torch.where(s > 0, 1.0 / s, 0.0).float()  # double rounding is exact for division
+    assert torch.equal(out.cpu(), want)
