@@ -477,6 +477,17 @@ def _token_rows(r, d0, TS: tl.constexpr, NCD: tl.constexpr, GT: tl.constexpr,
 
 
 @triton.jit
+def _row_values(v, GT: tl.constexpr, GL: tl.constexpr, RS: tl.constexpr):
+    """A chunk statistic [TS, NCD] as the [RS] value of each row of its chunk (``_token_rows``;
+    broadcasts and register splits, no data movement)."""
+    TS: tl.constexpr = v.shape[0]
+    NCD: tl.constexpr = v.shape[1]
+    full = tl.broadcast_to(v[None, :, :, None, None], [GT, TS, NCD, GL, 8])
+    c0, _, _, _, _, _, _, _ = _columns(tl.reshape(full, [RS, 8]), RS)
+    return c0
+
+
+@triton.jit
 def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr, codes_off,
                  res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
                  SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr, BT: tl.constexpr,
@@ -502,7 +513,6 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
     t_r, gr = _token_rows(tl.arange(0, RS), d0, TS, NCD, GT, GL)
     xoff, cmx = _step_offsets(gr, s_d, D, WORDS)
     cm = (gr[:, None] + j[None, :]) < D
-    ts = tl.arange(0, TS)[:, None]
     c0 = d0 + tl.arange(0, NCD)[None, :] * CE  # first channel of each chunk
     ncd = (D + C - 1) // C
     # channels past head_dim are NaN, which minnum / maxnum ignore (a chunk's padding); each
@@ -526,11 +536,12 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
                 csum = tl.sum(tl.sum(tl.sum(xz, axis=4), axis=3), axis=0)
             count = tl.maximum(tl.minimum(D - c0, C), 1).to(tl.float32)
             mu, sigma = _stats(lo, hi, csum, count, False)
-        t = k * TS + ts
-        sidx = (h * tp + t) * ncd + c0 // C
-        smask = (t < tp) & (c0 < D)
-        tl.store(stats + sidx, mu, mask=smask)
-        tl.store(stats + H * tp * ncd + sidx, sigma, mask=smask)
+        # stored by the first group of each chunk, from the rows' layout (that of the code
+        # words): stored as [TS, NCD] they went through shared memory (4 barriers a step)
+        srow = (h * tp + tr) * ncd + gr // C
+        smask = (tr < tp) & (gr < D) & (gr % C == 0)
+        tl.store(stats + srow, _row_values(mu, GT, GL, RS), mask=smask)
+        tl.store(stats + H * tp * ncd + srow, _row_values(sigma, GT, GL, RS), mask=smask)
         isg = _sigma_recip(sigma, recip_ptr, False)
         mu_c = _code_centre(mu, isg, lo)
         _encode_rows(xn, mu_c[None, :, :, None, None], isg[None, :, :, None, None],
