@@ -28,7 +28,8 @@ MAX_TILE = 16384      # values per program (registers)
 MAX_PAGE = 1024
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
 TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True, "SMEM": None,
-                       "maxnreg": None, "X_WORDS": None, "EVICT": None, "PACK_ASM": None},
+                       "maxnreg": None, "X_WORDS": None, "EVICT": None, "PACK_ASM": None,
+                       "POLY": None},
           "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None}}
 
 
@@ -204,11 +205,12 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
     a8, akv, a16, es = _views(anchor, k.dtype)
     aw, a_words = _words(anchor, cfg.anchor_bits)
     rw, r_words = _words(res_arg, cfg.residual_bits)
-    searches, search_entries = search_tables(cfg, dev)
+    searches, polys, search_entries = search_tables(cfg, dev)
     table = plan.on(dev)
     for wi, (which, x) in enumerate((("k", k), ("v", v))):
         blk = _blocks(cfg, plan.head_dim, which)
         search = searches[wi]
+        poly = polys[wi] if TUNING["compress"]["POLY"] is not False else None
         grid = (plan.num_pages * blk["num_dt"], plan.num_kv_heads)
         lynx_compress_kernel[grid](
             x, *x.stride(), a8, akv, a16, aw, res_arg, rw, table,
@@ -224,7 +226,8 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
             R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),
             EVEN_D=plan.head_dim % blk["BD"] == 0, X_WORDS=_x_words(x),
             EVICT=TUNING["compress"]["EVICT"] is not False,
-            PACK_ASM=_pack_asm(x),
+            PACK_ASM=_pack_asm(x), POLY=poly is not None,
+            C1=poly.c1 if poly else 0.0, C2=poly.c2 if poly else 0.0,
             num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
     return anchor, residual
 

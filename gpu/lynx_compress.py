@@ -66,22 +66,32 @@ INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 @triton.jit
 def _codes(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr,
            EPS: tl.constexpr, BIAS: tl.constexpr, RS: tl.constexpr, SMEM: tl.constexpr,
-           LOW_BYTE: tl.constexpr):
+           LOW_BYTE: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr):
     """u = I + BIAS, I = #{thresholds <= |xf|} (int32, exactly searchsorted(thr, |xf|, right)):
-    Eq. (3) in float32 gives I - 1 or I, one threshold from the search table settles it
-    (ops/tables.py ``LogSearch``). The table is ``tab`` in registers (tl.gather goes through
-    shared memory) if SMEM, else read from global memory. xf: [RS, 8]. LOW_BYTE: only the
-    low byte of u is used, so MAGIC_BITS (whose low 16 bits are 0) is left in: one add less."""
+    Eq. (3) in float32 (POLY: the quadratic C1 a + C2 a**2, floored) gives I - 1 or I, one
+    threshold from the search table settles it (ops/tables.py ``LogSearch``, ``PolySearch``).
+    The table is ``tab`` in registers (tl.gather goes through shared memory) if SMEM, else
+    read from global memory. xf: [RS, 8]. LOW_BYTE: only the low byte of u is used, so
+    MAGIC_BITS (whose low 16 bits are 0) is left in: one add less."""
     a = tl.minimum(tl.abs(xf), 1.0)
-    p = tl.fma(a, ALPHA, P0)
-    if INTERPRET:  # numpy log2 (the interpreter has no fast_log2f); the result is the same
-        lg = tl.log2(p)
-    else:  # lg2.approx (one MUFU op; tl.log2 is libdevice's accurate polynomial)
-        lg = libdevice.fast_log2f(p)
-    if EPS == 0:  # biased by P0 < 1: the rounding to an integer is the same fma
-        w = tl.fma(lg, SCALE, MAGIC + BIAS + 1)
+    if POLY:
+        r = tl.fma(a, C2, C1)
+        if INTERPRET:  # r * a is rounded once more here: far inside PolySearch's margin
+            w = tl.floor(r * a) + (MAGIC + BIAS + 1)
+        else:  # fma rounding toward -inf: floor(r * a) + MAGIC + BIAS + 1 in one op
+            w = tl.inline_asm_elementwise("fma.rm.f32 $0, $1, $2, $3;", "=f,f,f,f",
+                                          [r, a, tl.full(a.shape, MAGIC + BIAS + 1, tl.float32)],
+                                          dtype=tl.float32, is_pure=True, pack=1)
     else:
-        w = tl.fma(lg, SCALE, -EPS) + (MAGIC + BIAS + 1)
+        p = tl.fma(a, ALPHA, P0)
+        if INTERPRET:  # numpy log2 (the interpreter has no fast_log2f); the result is the same
+            lg = tl.log2(p)
+        else:  # lg2.approx (one MUFU op; tl.log2 is libdevice's accurate polynomial)
+            lg = libdevice.fast_log2f(p)
+        if EPS == 0:  # biased by P0 < 1: the rounding to an integer is the same fma
+            w = tl.fma(lg, SCALE, MAGIC + BIAS + 1)
+        else:
+            w = tl.fma(lg, SCALE, -EPS) + (MAGIC + BIAS + 1)
     u0 = w.to(tl.int32, bitcast=True) - MAGIC_BITS  # round(y') + BIAS + 1
     if SMEM:
         t = tl.reshape(tl.gather(tab, tl.reshape(u0, [RS * 8]), 0), [RS, 8])
@@ -369,7 +379,8 @@ def _encode_rows(xn, mu, isg, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off
                  EPS: tl.constexpr, RS: tl.constexpr, A_BITS: tl.constexpr,
                  R_BITS: tl.constexpr, BIAS: tl.constexpr,
                  A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, SMEM: tl.constexpr,
-                 HINT: tl.constexpr, PACK_ASM: tl.constexpr):
+                 HINT: tl.constexpr, PACK_ASM: tl.constexpr, POLY: tl.constexpr,
+                 C1: tl.constexpr, C2: tl.constexpr):
     """xn (normalised values, any shape of RS*8), ``_code_centre``'s mu (float32) and
     _sigma_recip's isg, all broadcastable -> packed codes of the RS groups ``grp`` (stored
     where ``gm``), Alg. 1 l.14-18:
@@ -379,7 +390,7 @@ def _encode_rows(xn, mu, isg, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off
     PACK_ASM (16-bit KV, so that a thread holds each row): 4 + 4 words by ``_pack44``."""
     xf = tl.reshape((xn - mu) * isg, [RS, 8])
     PRMT: tl.constexpr = (A_BITS == 4) & (R_BITS == 4) & A_WORDS & R_WORDS & PACK_ASM
-    u = _codes(xf, tab, search_ptr, ALPHA, SCALE, P0, EPS, BIAS, RS, SMEM, PRMT)
+    u = _codes(xf, tab, search_ptr, ALPHA, SCALE, P0, EPS, BIAS, RS, SMEM, PRMT, POLY, C1, C2)
     if PRMT:
         anchor, residual = _pack44(u, xf, RS)
         _store_words(anchor, residual ^ (BIAS * 0x11111111), aw_ptr, rw_ptr, codes_off,
@@ -407,7 +418,8 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
                    A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr,
                    TREE: tl.constexpr, SMEM: tl.constexpr,
                    EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
-                   PACK_ASM: tl.constexpr):
+                   PACK_ASM: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr,
+                   C2: tl.constexpr):
     """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8], gmin and y = 1 / scale
     (``_recip_or_zero``) [G, 8]:
     chunk statistics, then the strip again in NIT = C / CS steps of [NC, CS, G, 8] (step k
@@ -463,7 +475,8 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
         _encode_rows(xn, mu_c, tl.expand_dims(isg, 0),
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
                      r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, P0, EPS,
-                     RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM, HINT, PACK_ASM)
+                     RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM, HINT, PACK_ASM, POLY,
+                     C1, C2)
         xk = x_next
 
 
@@ -496,7 +509,8 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
                  BIAS: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
                  MIDRANGE: tl.constexpr, TREE: tl.constexpr, SMEM: tl.constexpr,
                  EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
-                 PACK_ASM: tl.constexpr):
+                 PACK_ASM: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr,
+                 C2: tl.constexpr):
     """Token axis, given gmin, y = 1 / scale [GT, NCD, GL, 8] (pass 1's layout): the strip again, TS
     tokens at a time as [GT, TS, NCD, GL, 8] (``_token_rows``), normalised; chunk statistics
     per token, codes, stores. Row r lives in thread r % (32 * num_warps) (the launcher's TS
@@ -548,7 +562,7 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
                      (h * tp + tr) * (D // 8) + gr // 8,
                      (tr < tp) & (gr < D), a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
                      tab, search_ptr, ALPHA, SCALE, P0, EPS, RS, A_BITS, R_BITS, BIAS, A_WORDS,
-                     R_WORDS, SMEM, HINT, PACK_ASM)
+                     R_WORDS, SMEM, HINT, PACK_ASM, POLY, C1, C2)
         xk = x_next
 
 
@@ -571,7 +585,7 @@ def lynx_compress_kernel(
         MIDRANGE: tl.constexpr, A_WORDS: tl.constexpr,
         R_WORDS: tl.constexpr, SEC: tl.constexpr, SMEM: tl.constexpr, EVEN_D: tl.constexpr,
         X_WORDS: tl.constexpr, EVICT: tl.constexpr, PACK_ASM: tl.constexpr,
-        TREE: tl.constexpr = True):
+        POLY: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, TREE: tl.constexpr = True):
     dt = tl.program_id(0) % NUM_DT  # channel strips vary fastest: neighbours share input rows
     page = tl.program_id(0) // NUM_DT
     h = tl.program_id(1)
@@ -670,12 +684,13 @@ def lynx_compress_kernel(
                        codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
                        SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
                        MIDRANGE, TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "",
-                       PACK_ASM)
+                       PACK_ASM, POLY, C1, C2)
     else:
         _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr, codes_off,
                      res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA, SCALE, P0,
                      EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, MIDRANGE,
-                     TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "", PACK_ASM)
+                     TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "", PACK_ASM,
+                     POLY, C1, C2)
     gdt = akv_ptr.dtype.element_ty
     if not TOKEN_AXIS:
         dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]

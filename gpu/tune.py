@@ -28,14 +28,16 @@ from . import launch
 
 # BD: channels per program (a strip of all the page's tokens); RPT: groups of 8 values per
 # thread per step; SMEM False reads the search table from global memory instead; maxnreg caps
-# the registers (per kernel: {"k": .., "v": ..}) for more programs per SM; X_WORDS False
-# reads bfloat16 value by value instead of as words of two. The first entry is
-# the launcher's default (launch.py ``_blocks``: whole chunks per thread, K on 2 warps with
-# RPT 4, V on 4 warps with RPT 2, the table in shared memory, no cap); the others are variants
-# last compared with it on the H100 (docs/benchmarks.md).
+# the registers (per kernel: {"k": .., "v": ..}) for more programs per SM; False turns off
+# X_WORDS (bfloat16 read as words of two), EVICT (L2 eviction hints), PACK_ASM (4 + 4 codes
+# packed in PTX), POLY (the quadratic code search). The first entry is the launcher's default
+# (launch.py ``_blocks``: whole chunks per thread, K on 2 warps with RPT 4, V on 4 warps with
+# RPT 2, the table in shared memory, no cap, all of those on); the others are variants last
+# compared with it on the H100 (docs/benchmarks.md).
 COMPRESS = [dict(), dict(RPT=2), dict(RPT=4), dict(num_warps=2), dict(num_warps=4),
             dict(SMEM=False), dict(X_WORDS=False), dict(EVICT=False), dict(PACK_ASM=False),
-            dict(BD=64)]
+            dict(POLY=False), dict(BD=64)]
+DEFAULTS = dict(launch.TUNING["compress"])  # the launcher's own choices
 # TB: tokens per program (all head_dim channels; at most the chunk on the channel axis).
 DECOMPRESS = [dict(TB=32, num_warps=4), dict(TB=16, num_warps=2), dict(TB=64, num_warps=8)]
 
@@ -72,8 +74,7 @@ def main(argv=None) -> int:
     print(f"device {torch.cuda.get_device_name()}, copy {copy:.0f} GB/s", flush=True)
     base = None
     for var in COMPRESS:
-        launch.TUNING["compress"].update({"BD": None, "num_warps": None, "RPT": None, "TREE": True,
-                                           "SMEM": None, "maxnreg": None, "X_WORDS": None, "EVICT": None, "PACK_ASM": None, **var})
+        launch.TUNING["compress"].update({**DEFAULTS, **var})
         a, r = ops.compress(k, v, cfg, backend="triton")
         if base is None:
             base = (a, r)
@@ -85,9 +86,7 @@ def main(argv=None) -> int:
                      "kernel_us": us})
         print(f"compress {var}: {gbps:.0f} GB/s ({gbps / copy:.0%}), same bytes {same}; "
               f"K, V kernels {', '.join(f'{t:.0f}' for t in us)} us", flush=True)
-    launch.TUNING["compress"].update({"BD": None, "num_warps": None, "RPT": None, "TREE": True,
-                                       "SMEM": None, "maxnreg": None, "X_WORDS": None, "EVICT": None,
-                                       "PACK_ASM": None})
+    launch.TUNING["compress"].update(DEFAULTS)
     a, r = base
     ref = None
     for var in ([] if args.compress_only else DECOMPRESS):

@@ -149,6 +149,59 @@ def log_search(alpha: float, y_max: int, bias: int) -> LogSearch:
     return LogSearch(float(f32(alpha)), scale, p0, eps, entries)
 
 
+POLY_MARGIN = 2.0 ** -10   # slack kept at every threshold: >> the float32 rounding of the fma
+
+
+@dataclass(frozen=True)
+class PolySearch:
+    """A quadratic in place of Eq. (3)'s log2 in the GPU compress search, for alphas small
+    enough that the alpha-law is nearly linear (the defaults):
+
+        J  = floor(fma(fma(a, c2, c1), a, 0))     (one rounding: toward -inf, with MAGIC)
+        u0 = J + bias + 1,   u = u0 + ((bits(a) - bits(entries[u0])) >> 31)   (LogSearch's)
+
+    J is I - 1 or I for every a in [0, 1] when P(a) = c1 a + c2 a**2 is increasing on [0, 1]
+    and P(t_k) lies in [k - 1, k] for every threshold t_k (then P(a) is in [I - 1, I + 1)
+    between thresholds); ``poly_search`` checks that, with POLY_MARGIN to spare, on the
+    float32 coefficients, so the entries settle I exactly as after the log. Two fmas instead
+    of fma, lg2 (MUFU) and fma."""
+
+    c1: float
+    c2: float
+
+
+@functools.lru_cache(maxsize=64)
+def poly_search(alpha: float, y_max: int) -> PolySearch | None:
+    """The quadratic of ``PolySearch`` for (alpha, y_max), or None where no quadratic keeps
+    every threshold within its window (large alphas: the log search then)."""
+    thr = lynx_tables.thresholds(alpha, y_max).numpy().astype(np.float64)
+    k = np.arange(1, len(thr) + 1, dtype=np.float64)
+    a = np.stack([thr, thr * thr], 1)
+    w = np.ones_like(k)
+    for _ in range(100):  # Lawson: least squares reweighted towards the minimax fit
+        c, *_ = np.linalg.lstsq(a * w[:, None], (k - 0.5) * w, rcond=None)
+        w = w * np.sqrt(np.abs(a @ c - (k - 0.5))) + 1e-12
+        w /= w.max()
+    c1, c2 = (float(np.float32(v)) for v in c)
+    p = c1 * thr + c2 * thr * thr
+    ok = (c1 > 0 and c1 + 2 * c2 > 0                         # increasing on [0, 1]
+          and bool(np.all(p >= k - 1 + POLY_MARGIN)) and bool(np.all(p <= k - POLY_MARGIN))
+          and c1 + c2 < len(thr) + 1 - POLY_MARGIN           # P(1) < y_max + 1
+          and abs(c1) + abs(c2) < 2.0 ** 10)                 # fma rounding << POLY_MARGIN
+    return PolySearch(c1, c2) if ok else None
+
+
+def codes_via_poly_search(x_abs: torch.Tensor, poly: PolySearch, s: LogSearch,
+                          bias: int) -> torch.Tensor:
+    """The Triton compress kernel's quadratic search in torch (tests): |x| -> I int64, the
+    inner fma rounded once (through float64), the outer floored exactly."""
+    a = x_abs.float().clamp(max=1.0)
+    r = (a.double() * poly.c2 + poly.c1).float()
+    u0 = torch.floor(r.double() * a.double()).long() + bias + 1
+    t = torch.from_numpy(s.entries)[u0]
+    return u0 + ((a.view(torch.int32) - t.view(torch.int32)) >> 31).long() - bias
+
+
 def codes_via_log_search(x_abs: torch.Tensor, s: LogSearch, bias: int,
                          log_error: float = 0.0) -> torch.Tensor:
     """The Triton compress kernel's search in torch (tests): |x| -> I int64, each fma rounded
@@ -228,13 +281,17 @@ def device_tables(cfg, device: torch.device) -> dict:
     return hit
 
 
-def search_tables(cfg, device: torch.device) -> tuple[list[LogSearch], torch.Tensor]:
-    """K and V LogSearch of ``cfg`` and their entries stacked [2, SEARCH_LEN] on ``device``."""
+def search_tables(cfg, device: torch.device
+                  ) -> tuple[list[LogSearch], list[PolySearch | None], torch.Tensor]:
+    """K and V LogSearch and PolySearch (None: the log) of ``cfg``, and the entries stacked
+    [2, SEARCH_LEN] on ``device``."""
     key = ("search", cfg.alpha_k, cfg.alpha_v, cfg.y_max, cfg.bias, str(device))
     hit = _DEVICE_CACHE.get(key)
     if hit is None:
-        searches = [log_search(float(a), cfg.y_max, cfg.bias) for a in (cfg.alpha_k, cfg.alpha_v)]
-        hit = searches, torch.from_numpy(np.stack([s.entries for s in searches])).to(device)
+        alphas = (float(cfg.alpha_k), float(cfg.alpha_v))
+        searches = [log_search(a, cfg.y_max, cfg.bias) for a in alphas]
+        hit = (searches, [poly_search(a, cfg.y_max) for a in alphas],
+               torch.from_numpy(np.stack([s.entries for s in searches])).to(device))
         _DEVICE_CACHE[key] = hit
     return hit
 

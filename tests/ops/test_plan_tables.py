@@ -6,7 +6,8 @@ from lynx_npu.codec import lynx_tables
 from lynx_npu.codec.lynx_config import LynxConfig
 from lynx_npu.codec.lynx_layout import page_layout, page_spans
 from lynx_npu.ops import plan as P
-from lynx_npu.ops.tables import (codes_via_buckets, codes_via_log_search, log_search,
+from lynx_npu.ops.tables import (codes_via_buckets, codes_via_log_search,
+                                 codes_via_poly_search, log_search, poly_search,
                                  quant_tables, recip_table)
 
 
@@ -57,6 +58,27 @@ def test_bucket_lookup_is_searchsorted(alpha, anchor_bits):
     # exact whatever the float32 log2 returns within its error bound (the GPU's is approximate)
     for err in (0.0, 2.0 ** -21, -(2.0 ** -21)):
         assert torch.equal(codes_via_log_search(x, search, cfg.bias, err), want)
+    poly = poly_search(alpha, cfg.y_max)
+    if poly is not None:
+        assert torch.equal(codes_via_poly_search(x, poly, search, cfg.bias), want)
+
+
+def test_poly_search_where_the_alpha_law_is_nearly_linear():
+    """The default alphas get the quadratic code search; large ones keep the log (no quadratic
+    keeps every threshold within its window). Every float32 in [0, 1] near a threshold (2**12
+    neighbours each side) is coded exactly."""
+    cfg = LynxConfig(center="midrange")
+    for alpha in (cfg.alpha_k, cfg.alpha_v):
+        poly = poly_search(float(alpha), cfg.y_max)
+        assert poly is not None, alpha
+        thr = lynx_tables.thresholds(float(alpha), cfg.y_max)
+        near = (thr.view(torch.int32)[:, None] + torch.arange(-4096, 4097)).view(torch.float32)
+        x = near.flatten().clamp(0.0, 1.0)
+        want = torch.searchsorted(thr, x, right=True)
+        got = codes_via_poly_search(x, poly, log_search(float(alpha), cfg.y_max, cfg.bias),
+                                    cfg.bias)
+        assert torch.equal(got, want), alpha
+    assert poly_search(255.0, cfg.y_max) is None and poly_search(3.0, cfg.y_max) is None
 
 
 def test_log_search_refuses_an_alpha_too_small_for_float32():
