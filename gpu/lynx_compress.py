@@ -1,8 +1,9 @@
 """Triton: Lynx compress, fused (lynx_npu/codec/lynx_ref.py ``quantize`` + the v1 page layout).
 
 One program = one page x one kv head x one strip of BD channels, for K or V (WHICH). It reads
-its [tokens, BD] input strip twice (min / max, then codes: the second read mostly hits L1 / L2)
-and writes each output once: gamma, chunk statistics, packed anchor and residual codes, the
+its [tokens, BD] input strip twice (min / max, then codes: the second read hits L1 / L2 because
+of eviction hints: pass 1 loads evict-last, pass 2 loads and the code stores evict-first;
+without them a quarter to a half of the re-read came from DRAM) and writes each output once: gamma, chunk statistics, packed anchor and residual codes, the
 page-0 sink tokens and (one program per page) the zero alignment padding. Byte offsets come
 from the page plan (lynx_npu/ops/plan.py).
 
@@ -21,15 +22,17 @@ The strip is held as [..., G, 8]: a thread owns groups of 8 consecutive channels
   GL = GC / GT neighbouring lanes (``_token_rows``).
 
 Rows past the page body read its last token (``_load_rows``): no masks on full pages. Pass 2
-loads each step's rows one step ahead.
+loads each step's rows one step ahead (bfloat16 as int32 words of two channels), in a loop
+unrolled by two so that the prefetched rows need no register copies.
 
 Then mu = f16((hi + lo) / 2) (MIDRANGE) or f16(pairwise tree sum / count) (mean, the
 reference's order: lynx_ref.tree_sum), and sigma = f16(max |xn - mu|) =
 f16(max(RN(hi - mu), RN(mu - lo))) (RN(. - mu) is monotone), with no per-value |.| or max;
 xf = RN(RN(xn - mu) * RN(1 / sigma)). Both reciprocals are computed once per channel / chunk.
-Codes: Eq. (3) in float32 (one lg2.approx) gives I - 1 or I, one float32 threshold from the
-1 KB search table (ops/tables.py ``LogSearch``, in shared memory through tl.gather) settles it
-exactly; 4+4 fields are packed from byte words with word masks.
+Codes: a quadratic in |xf| (small alphas, ops/tables.py ``PolySearch``) or Eq. (3) in float32
+(one lg2.approx, ``LogSearch``) gives I - 1 or I, one float32 threshold from the 1 KB search
+table (in shared memory through tl.gather) settles it exactly; 4+4 fields of 16-bit KV are
+packed with byte permutes in inline PTX (``_pack44``), else from byte words with word masks.
 ``TREE=False`` (benchmarks only) sums the mean with tl.sum instead, to measure what the fixed
 order costs.
 """
