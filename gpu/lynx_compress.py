@@ -530,7 +530,7 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
     t_r, gr = _token_rows(tl.arange(0, RS), d0, TS, NCD, GT, GL)
     xoff, cmx = _step_offsets(gr, s_d, D, WORDS)
     cm = (gr[:, None] + j[None, :]) < D
-    c0 = d0 + tl.arange(0, NCD)[None, :] * CE  # first channel of each chunk
+    c0 = d0 + tl.arange(0, NCD)[None, :] * CE  # first channel of each chunk (the mean's counts)
     ncd = (D + C - 1) // C
     # channels past head_dim are NaN, which minnum / maxnum ignore (a chunk's padding); each
     # step's rows are loaded a step ahead, as on the channel axis
@@ -555,15 +555,15 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
             mu, sigma = _stats(lo, hi, csum, count, False)
         # stored by the first group of each chunk, from the rows' layout (that of the code
         # words): stored as [TS, NCD] they went through shared memory (4 barriers a step)
+        valid = (tr < tp) & (gr < D)
         srow = (h * tp + tr) * ncd + gr // C
-        smask = (tr < tp) & (gr < D) & (gr % C == 0)
+        smask = valid & (gr % C == 0)
         tl.store(stats + srow, _row_values(mu, GT, GL, RS), mask=smask)
         tl.store(stats + H * tp * ncd + srow, _row_values(sigma, GT, GL, RS), mask=smask)
         isg = _sigma_recip(sigma, recip_ptr, False)
         mu_c = _code_centre(mu, isg, lo)
         _encode_rows(xn, mu_c[None, :, :, None, None], isg[None, :, :, None, None],
-                     (h * tp + tr) * (D // 8) + gr // 8,
-                     (tr < tp) & (gr < D), a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
+                     (h * tp + tr) * (D // 8) + gr // 8, valid, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
                      tab, search_ptr, ALPHA, SCALE, P0, EPS, RS, A_BITS, R_BITS, BIAS, A_WORDS,
                      R_WORDS, SMEM, HINT, PACK_ASM, POLY, C1, C2)
         xk = x_next

@@ -197,9 +197,7 @@ def codes_via_poly_search(x_abs: torch.Tensor, poly: PolySearch, s: LogSearch,
     inner fma rounded once (through float64), the outer floored exactly."""
     a = x_abs.float().clamp(max=1.0)
     r = (a.double() * poly.c2 + poly.c1).float()
-    u0 = torch.floor(r.double() * a.double()).long() + bias + 1
-    t = torch.from_numpy(s.entries)[u0]
-    return u0 + ((a.view(torch.int32) - t.view(torch.int32)) >> 31).long() - bias
+    return _settle(a, torch.floor(r.double() * a.double()).long() + bias + 1, s, bias)
 
 
 def codes_via_log_search(x_abs: torch.Tensor, s: LogSearch, bias: int,
@@ -215,7 +213,12 @@ def codes_via_log_search(x_abs: torch.Tensor, s: LogSearch, bias: int,
         w = ((lg * s.scale - s.eps).float() + magic).float()
     else:
         w = (lg * s.scale + magic).float()
-    u0 = (w.view(torch.int32) - MAGIC_BITS).long()
+    return _settle(a, (w.view(torch.int32) - MAGIC_BITS).long(), s, bias)
+
+
+def _settle(a: torch.Tensor, u0: torch.Tensor, s: LogSearch, bias: int) -> torch.Tensor:
+    """I from the estimate u0 = J + bias + 1 (J = I - 1 or I): one comparison of a with the
+    threshold at u0, in the bits (both >= 0), as the kernel does."""
     t = torch.from_numpy(s.entries)[u0]
     return u0 + ((a.view(torch.int32) - t.view(torch.int32)) >> 31).long() - bias
 

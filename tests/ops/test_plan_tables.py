@@ -87,7 +87,7 @@ def test_log_search_refuses_an_alpha_too_small_for_float32():
 
 
 def test_recip_table_gives_every_float16_reciprocal_exactly():
-    """The compress kernel's 1 / sigma (gpu/lynx_compress.py ``_sigma_div``): the table entry of
+    """The compress kernel's 1 / sigma (gpu/lynx_compress.py ``_sigma_recip``): the table entry of
     the 10 mantissa bits, the exponent subtracted in the bits; for every positive finite
     float16, equal to float32 division."""
     sig = torch.arange(1, 0x7C00, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
