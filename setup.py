@@ -11,11 +11,12 @@ PACKAGES = {
     "lynx_npu.ops": "lynx_npu/ops",
     "lynx_npu.wire": "lynx_npu/wire",
     "lynx_npu.transport": "lynx_npu/transport",
-    "lynx_npu.spec": "lynx_npu/spec",
+    "lynx_npu.speculative": "lynx_npu/speculative",
     "lynx_npu.eval": "lynx_npu/eval",
     "lynx_npu.gpu": "gpu",
     "lynx_npu.integration": "integration",
     "lynx_npu.integration.vllm_ascend": "integration/vllm_ascend",
+    "lynx_npu.integration.vllm_ascend.tools": "integration/vllm_ascend/tools",
 }
 
 setup(

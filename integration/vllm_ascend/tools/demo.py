@@ -127,6 +127,6 @@ def _printer(t0: float):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m lynx_npu.integration.vllm_ascend.demo")
+    parser = argparse.ArgumentParser(prog="python -m lynx_npu.integration.vllm_ascend.tools.demo")
     add_arguments(parser)
     sys.exit(run(parser.parse_args()))

@@ -3,7 +3,7 @@ same transfer id on both."""
 import pytest
 
 from lynx_npu.integration.vllm_ascend.config import TransferParams
-from lynx_npu.integration.vllm_ascend.proxy import new_transfer_id, split_request
+from lynx_npu.integration.vllm_ascend.tools.proxy import new_transfer_id, split_request
 
 
 def test_split_chat_request():

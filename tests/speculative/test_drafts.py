@@ -1,6 +1,6 @@
 import pytest
 
-from lynx_npu.spec import DraftState, Phase, Verdict, accept_greedy
+from lynx_npu.speculative import DraftState, Phase, Verdict, accept_greedy
 
 
 def test_lifecycle_withholds_drafts_until_verified():

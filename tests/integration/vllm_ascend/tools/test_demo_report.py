@@ -2,8 +2,8 @@
 schema, reference matching. Synthetic runs: no engine needed."""
 import json
 
-from lynx_npu.integration.vllm_ascend import demo_report
-from lynx_npu.integration.vllm_ascend.local_pair import TransferRun
+from lynx_npu.integration.vllm_ascend.tools import demo_report
+from lynx_npu.integration.vllm_ascend.tools.local_pair import TransferRun
 
 
 def _run(codec, tokens, start, times, arrivals=None, **stats):
