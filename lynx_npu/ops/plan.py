@@ -60,7 +60,7 @@ class LayerPlan:
 
     @property
     def num_pages(self) -> int:
-        return len(self.pages)
+        return self.table.shape[0]  # the rows (wire-layout plans carry no Page objects)
 
     @functools.cached_property
     def section_align(self) -> int:

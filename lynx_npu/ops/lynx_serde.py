@@ -1,0 +1,340 @@
+"""The page serde of the Lynx codecs (lynx, lynx-int4, lynx-int8) on the ops kernels.
+
+Encode: one kernel launch per K / V writes a layer's wire frames straight into one layer
+buffer on the cache's device (wire_layout.py places every section; scalar previews come from
+the exact stats through a 64K-entry table, so they equal lynx_stream.preview bit for bit), then
+one copy stages the buffer to pinned host memory. The gather from the paged cache is fused into
+the kernel where the backend reads per-token row offsets (Triton); otherwise a contiguous run
+of blocks is read in place and anything else is gathered first.
+
+Decode: the received frames of a layer are staged into one buffer (pinned, then one
+non-blocking copy where the cache is on a device; anchor-only pages get their stats expanded
+from the previews on the host), and one launch per K / V and stage decompresses them straight
+into the paged cache at their slots.
+
+Backends whose kernels read every section from the plan table (cpu, triton) take these
+layouts directly; any other backend (Ascend C, the torch reference) runs the codec's own
+encode_pages / decode_page, which give the same bytes.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lynx_npu.codec.lynx_layout import SCALAR_DTYPE
+from lynx_npu.codec.lynx_stream import preview, preview_levels
+
+from . import backends
+from .api import _check_kv, _check_slots
+from .dest import Destination, dense, paged, scatter_tokens
+from .kv_layouts import ResolvedCache
+from .page_serde import EncodedLayer, PageSerde, WirePage, as_bytes, wire_pages
+from .paged_cache import dense_run, read_tokens, row_offsets
+from .plan import (F_BODY0, F_NUM_BODY, F_NUM_SINK, F_SECTION, F_TOKEN0, NUM_FIELDS, SECTIONS,
+                   LayerPlan)
+from .staging import DeviceCopier
+from .wire_layout import SCRATCH, VARIANTS, LayerWire, layer_wire, page_wire, received_span
+
+LYNX_VARIANTS = VARIANTS
+# Backends whose kernels address every section through the plan table (ops/plan.py).
+PLAN_TABLE_BACKENDS = frozenset({"cpu", "triton"})
+
+
+def _up(n: int, a: int = 32) -> int:
+    return (n + a - 1) // a * a
+
+
+@functools.lru_cache(maxsize=None)
+def _preview_table_host() -> torch.Tensor:
+    """uint8 [2, 65536]: the preview byte of every float16 bit pattern as mu (row 0) and as
+    sigma (row 1), by lynx_stream.preview itself."""
+    values = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(SCALAR_DTYPE)
+    return preview(torch.stack([values, values])).contiguous()
+
+
+_TABLES: dict[str, torch.Tensor] = {}
+
+
+def preview_table(device) -> torch.Tensor:
+    key = str(torch.device(device))
+    if key not in _TABLES:
+        _TABLES[key] = _preview_table_host().to(device)
+    return _TABLES[key]
+
+
+@functools.lru_cache(maxsize=None)
+def _levels_f16() -> np.ndarray:
+    """float16 [2, 256] as uint16 bits: what each preview byte expands to (lynx_stream.expand)."""
+    return preview_levels().to(SCALAR_DTYPE).view(torch.int16).numpy().view(np.uint16)
+
+
+@dataclass
+class StagedPages:
+    """Received pages of one layer in one buffer on the destination device."""
+
+    buffer: torch.Tensor
+    groups: list          # (LayerPlan, full) per stage present
+    pages: list           # the WirePages (the reference fallback decodes them)
+    relative: int         # token of the plan's token 0
+
+
+class LynxSerde(PageSerde):
+    def __init__(self, codec, backend: str | None = None):
+        super().__init__(codec, backend)
+        self.config = codec.config
+        self.kernel_config = codec.config.replace(scalar_preview=False)
+        self._copiers: dict[str, DeviceCopier] = {}
+
+    # -- sizes and backends --------------------------------------------------------------------
+    def page_nbytes(self, num_tokens, num_kv_heads, head_dim, dtype):
+        lw = layer_wire(self.name, self.config, num_kv_heads, num_tokens, head_dim, dtype)
+        return [(pw.span.token_start, pw.span.token_end, pw.frames[0],
+                 pw.frames[1] if len(pw.frames) > 1 else None) for pw in lw.pages]
+
+    def _select(self, device, num_kv_heads, head_dim, dtype):
+        return backends.select(torch.device(device), self.backend, self.kernel_config,
+                               num_kv_heads, head_dim, dtype)
+
+    def compress_backend(self, device, num_kv_heads, head_dim, dtype) -> str:
+        return self._select(device, num_kv_heads, head_dim, dtype)[0]
+
+    decompress_backend = compress_backend
+
+    def _copier(self, device) -> DeviceCopier:
+        key = str(torch.device(device))
+        if key not in self._copiers:
+            self._copiers[key] = DeviceCopier(torch.device(device))
+        return self._copiers[key]
+
+    # -- encode --------------------------------------------------------------------------------
+    def encode(self, k: torch.Tensor, v: torch.Tensor) -> EncodedLayer:
+        _check_kv(k, v)
+        h, t, d = k.shape
+        name, impl = self._select(k.device, h, d, k.dtype)
+        if name not in PLAN_TABLE_BACKENDS:
+            return self._reference(k, v, name)
+        lw = layer_wire(self.name, self.config, h, t, d, k.dtype)
+        return self.to_wire(self.compress(impl, k, v, lw), lw, name)
+
+    def encode_cache(self, cache: ResolvedCache, slot_mapping: torch.Tensor) -> EncodedLayer:
+        buf, lw, name = self.compress_cache(cache, slot_mapping)
+        if lw is None:
+            return buf  # the reference fallback made the pages already
+        return self.to_wire(buf, lw, name)
+
+    def compress_cache(self, cache: ResolvedCache, slot_mapping: torch.Tensor):
+        """-> (layer buffer on the cache's device, its LayerWire, backend); the bytes are on
+        the device only (``to_wire`` stages them)."""
+        n = slot_mapping.numel() if isinstance(slot_mapping, torch.Tensor) else 0
+        slots = _check_slots(slot_mapping, n, cache)
+        if n == 0 or (slot_mapping.device.type == "cpu" and int(slot_mapping.min()) < 0):
+            raise ValueError(f"encode needs one valid slot per token; got {n} slots"
+                             + (f", min {int(slot_mapping.min())}" if n else ""))
+        h, d, dtype = cache.num_kv_heads, cache.head_size, cache.dtype
+        dev = cache.k.tensor.device
+        name, impl = self._select(dev, h, d, dtype)
+        if name not in PLAN_TABLE_BACKENDS:
+            return self._reference(*read_tokens(cache, slots), name), None, name
+        lw = layer_wire(self.name, self.config, h, slots.numel(), d, dtype)
+        run = dense_run(cache, slot_mapping) if slot_mapping.device.type == "cpu" else None
+        if run is not None:
+            return self.compress(impl, *run, lw), lw, name
+        if "rows" in inspect.signature(impl.compress).parameters and cache.k.s_block % 2 == 0:
+            bases = [torch.as_strided(t.tensor, (h, cache.block_size, d),
+                                      (t.s_head, t.s_token, t.s_dim),
+                                      t.tensor.storage_offset() + t.offset)
+                     for t in (cache.k, cache.v)]
+            return self.compress(impl, *bases, lw, rows=row_offsets(cache, slots)), lw, name
+        return self.compress(impl, *read_tokens(cache, slots), lw), lw, name
+
+    def compress(self, impl, k, v, lw: LayerWire, rows=None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the kernel into a layer buffer (``out``, reused, or a new one): every wire byte
+        is written (pads zeroed)."""
+        buf = out if out is not None else torch.empty(lw.nbytes, dtype=torch.uint8,
+                                                      device=k.device)
+        if buf.dtype != torch.uint8 or buf.numel() != lw.nbytes or buf.device != k.device:
+            raise ValueError(f"out must be {lw.nbytes} uint8 bytes on {k.device}, got "
+                             f"{buf.numel()} {buf.dtype} on {buf.device}")
+        params = inspect.signature(impl.compress).parameters
+        kw = {} if rows is None else {"rows": rows}
+        fused_previews = lw.preview_offsets is not None and "previews" in params
+        if fused_previews:
+            kw["previews"] = (lw.previews_on(k.device), preview_table(k.device))
+        impl.compress(k, v, lw.plan, out=(buf, buf), **kw)
+        for off, n in lw.extra_pads:
+            buf[off:off + n].zero_()
+        if lw.preview_offsets is not None and not fused_previews:
+            _write_previews(buf, lw)
+        return buf
+
+    def to_wire(self, buf: torch.Tensor, lw: LayerWire, backend: str) -> EncodedLayer:
+        staged = self._copier(buf.device).to_host(buf)
+        raw = staged.host.numpy()
+        pages = []
+        for p, pw in enumerate(lw.pages):
+            frames = [memoryview(raw[o:o + n]) for o, n in
+                      (lw.frame(p, f) for f in range(len(pw.frames)))]
+            pages.append(WirePage(p, pw.span.token_start, pw.span.token_end, frames[0],
+                                  frames[1] if len(frames) > 1 else None))
+        return EncodedLayer(pages, backend, staged.wait)
+
+    def _reference(self, k, v, backend: str) -> EncodedLayer:
+        pages = [type(p)(p.index, p.token_start, p.token_end, p.anchor.cpu(),
+                         p.residual.cpu() if p.residual is not None else None)
+                 for p in self.codec.encode_pages(k, v)]
+        return EncodedLayer(wire_pages(pages), f"reference ({backend} cannot write wire "
+                                                f"frames)" if backend != "torch" else "torch")
+
+    # -- decode --------------------------------------------------------------------------------
+    def decode_page(self, anchor, residual, token_start, token_end, *, num_kv_heads, head_dim,
+                    dtype):
+        page = WirePage(-1, token_start, token_end, as_bytes(anchor),
+                        as_bytes(residual) if residual is not None else None)
+        n = token_end - token_start
+        k = torch.empty(num_kv_heads, n, head_dim, dtype=dtype)
+        v = torch.empty_like(k)
+        staged = self.stage([page], torch.device("cpu"), num_kv_heads, head_dim, dtype,
+                            relative=token_start)
+        self.apply(staged, dense(k, v), num_kv_heads, head_dim)
+        return k, v
+
+    def decode_into(self, pages: Sequence[WirePage], cache: ResolvedCache,
+                    slot_mapping: torch.Tensor) -> str:
+        if not pages:
+            return "none"
+        num_tokens = max(p.token_end for p in pages)
+        if slot_mapping.numel() < num_tokens:
+            raise ValueError(f"slot_mapping has {slot_mapping.numel()} slots; the pages reach "
+                             f"token {num_tokens}")
+        slots = _check_slots(slot_mapping[:num_tokens], num_tokens, cache)
+        staged = self.stage(pages, cache.k.tensor.device, cache.num_kv_heads, cache.head_size,
+                            cache.dtype)
+        return self.apply(staged, paged(cache, slots), cache.num_kv_heads, cache.head_size)
+
+    def stage(self, pages: Sequence[WirePage], device, num_kv_heads: int, head_dim: int,
+              dtype: torch.dtype, relative: int = 0) -> StagedPages:
+        """Check the pages' sizes and copy their frames into one buffer on ``device``."""
+        cfg, placed, off = self.config, [], 0
+        for p in pages:
+            pw = page_wire(self.name, cfg, num_kv_heads, head_dim, dtype,
+                           received_span(cfg, p.token_start, p.token_end))
+            frames = [as_bytes(p.anchor)]
+            if len(pw.frames) > 1 and p.residual is not None:
+                frames.append(as_bytes(p.residual))
+            elif len(pw.frames) == 1 and p.residual is not None:
+                raise ValueError(f"{self.name} sends one stream; page [{p.token_start}, "
+                                 f"{p.token_end}) came with a residual")
+            for i, (f, want) in enumerate(zip(frames, pw.frames)):
+                if len(f) != want:
+                    raise ValueError(f"{('anchor', 'residual')[i]} frame of page "
+                                     f"[{p.token_start}, {p.token_end}) has {len(f)} bytes; "
+                                     f"{self.name} needs {want}")
+            full = len(frames) == 2 or self.name == "lynx-int8"
+            bases = []
+            for f in frames:
+                bases.append(off)
+                off = _up(off + len(f))
+            scratch = {}
+            if not full and pw.previews:
+                for w in "kv":
+                    scratch[w] = off
+                    off = _up(off + pw.stats_nbytes[w])
+            placed.append((p, pw, frames, bases, full, scratch))
+        host = self._host_buffer(_up(off, 16), device)
+        raw = host.numpy()
+        rows = {True: [], False: []}
+        for p, pw, frames, bases, full, scratch in placed:
+            for f, b in zip(frames, bases):
+                raw[b:b + len(f)] = np.frombuffer(f, dtype=np.uint8)
+            for w, s in scratch.items():  # anchor stage: stats stood in for by previews
+                f0, o = pw.previews[w]
+                nb = pw.stats_nbytes[w] // 2
+                u = raw[bases[f0] + o:bases[f0] + o + nb].reshape(2, -1)
+                lv = _levels_f16()
+                stats = np.stack([lv[0][u[0]], lv[1][u[1]]])
+                raw[s:s + 2 * nb] = stats.reshape(-1).view(np.uint8)
+            rows[full].append(_row(pw, bases, full, scratch, relative))
+        buf = self._copier(device).to_device(host)
+        end = max(p.token_end for p in pages) - relative
+        groups = [(LayerPlan(self.kernel_config, num_kv_heads, end, head_dim, dtype, (),
+                             buf.numel(), buf.numel(), torch.tensor(r, dtype=torch.int64)),
+                   full) for full, r in rows.items() if r]
+        return StagedPages(buf, groups, list(pages), relative)
+
+    def _host_buffer(self, nbytes: int, device) -> torch.Tensor:
+        from .staging import host_buffer
+        return host_buffer(nbytes, device)
+
+    def apply(self, staged: StagedPages, dest: Destination, num_kv_heads: int,
+              head_dim: int) -> str:
+        """Decompress staged pages into ``dest`` (one launch per K / V and stage)."""
+        name, impl = self._select(dest.device, num_kv_heads, head_dim, dest.dtype)
+        if name not in PLAN_TABLE_BACKENDS:
+            for p in staged.pages:
+                k, v = self.codec.decode_page(
+                    torch.frombuffer(bytearray(p.anchor), dtype=torch.uint8),
+                    None if p.residual is None else torch.frombuffer(bytearray(p.residual),
+                                                                     dtype=torch.uint8),
+                    p.token_start, p.token_end, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                    dtype=dest.dtype)
+                scatter_tokens(dest, p.token_start - staged.relative, k.to(dest.device),
+                               v.to(dest.device), num_kv_heads, head_dim)
+            return "reference"
+        for plan, full in staged.groups:
+            impl.decompress(staged.buffer, staged.buffer if full else None, plan, dest)
+        return name
+
+
+def _row(pw, bases: list[int], full: bool, scratch: dict, relative: int) -> list[int]:
+    """A decompress table row for one staged page (absolute offsets in the staging buffer)."""
+    row = [0] * NUM_FIELDS
+    s = pw.span
+    row[F_TOKEN0], row[F_BODY0] = s.token_start - relative, s.body_start - relative
+    row[F_NUM_BODY], row[F_NUM_SINK] = s.num_tokens, s.num_sink
+    for name, (f, o) in pw.sections.items():
+        if f == SCRATCH or f >= len(bases):
+            if name.endswith("_stats") and name[0] in scratch:
+                row[F_SECTION + SECTIONS.index(name)] = scratch[name[0]]
+            continue  # residual codes of an anchor-only page: never read
+        row[F_SECTION + SECTIONS.index(name)] = bases[f] + o
+    return row
+
+
+def _runs(lw: LayerWire):
+    """Maximal runs of consecutive pages with the same layout (evenly spaced frames)."""
+    runs, first = [], 0
+    same = lambda a, b: (a.frames, a.sections, a.previews) == (b.frames, b.sections, b.previews)  # noqa
+    for p in range(1, len(lw.pages) + 1):
+        if p == len(lw.pages) or not same(lw.pages[p], lw.pages[first]):
+            runs.append((first, p - first))
+            first = p
+    return runs
+
+
+def _write_previews(buf: torch.Tensor, lw: LayerWire) -> None:
+    """Previews from the exact stats the kernel wrote (backends without the fused store)."""
+    tab = preview_table(buf.device)
+    b16 = buf.view(torch.int16)
+    for first, count in _runs(lw):
+        pw = lw.pages[first]
+        for w in "kv":
+            nc = pw.stats_nbytes[w] // 4
+            if nc == 0:
+                continue
+            fs, os_ = pw.sections[w + "_stats"]
+            fp, op = pw.previews[w]
+            src0, dst0 = lw.frame_offsets[first][fs] + os_, lw.frame_offsets[first][fp] + op
+            s_step = (lw.frame_offsets[first + 1][fs] - lw.frame_offsets[first][fs]) \
+                if count > 1 else 0
+            d_step = (lw.frame_offsets[first + 1][fp] - lw.frame_offsets[first][fp]) \
+                if count > 1 else 0
+            bits = torch.as_strided(b16, (count, 2, nc), (s_step // 2, nc, 1), src0 // 2)
+            idx = bits.to(torch.int64) & 0xFFFF
+            u = torch.stack([tab[0][idx[:, 0]], tab[1][idx[:, 1]]], dim=1)
+            torch.as_strided(buf, (count, 2, nc), (d_step, nc, 1), dst0).copy_(u)

@@ -1,0 +1,135 @@
+"""An engine's paged KV cache, every layer, described by one registry layout (kv_layouts.py).
+
+The serde (page_serde.py) reads a request's tokens out of it and writes received pages into
+it; the integration builds one from the tensors the engine registered (it only has to name the
+layout, probing it first where the engine's packing is ISA-specific). Tokens are addressed by
+slots, as vLLM does: token ``t`` of a request lives in slot ``slot_mapping[t]``, which is
+``(block, offset) = divmod(slot, block_size)``; slots of negative value are padding.
+
+``read`` / ``write`` move tokens with plain torch indexing (tests, and the fallback where no
+kernel reads the layout); ``row_offsets`` is what a kernel with a fused gather reads instead.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .kv_layouts import KVCacheLayout, ResolvedCache, get_layout, resolve, target_view
+
+
+def slots_for_blocks(block_ids: Sequence[int], block_size: int, token_start: int,
+                     token_end: int) -> torch.Tensor:
+    """int64 slots of tokens [token_start, token_end) of a request holding ``block_ids``."""
+    if not 0 <= token_start <= token_end:
+        raise ValueError(f"token range [{token_start=}, {token_end=}) must be ordered and >= 0")
+    blocks = torch.as_tensor(list(block_ids), dtype=torch.int64)
+    if token_end > len(blocks) * block_size:
+        raise ValueError(f"tokens up to {token_end} need more than the {len(blocks)} blocks of "
+                         f"{block_size} given")
+    t = torch.arange(token_start, token_end)
+    return blocks[t // block_size] * block_size + t % block_size
+
+
+@dataclass(frozen=True)
+class PagedKVCache:
+    """Every layer of one engine's paged cache: ``layers[i]`` is one tensor or (k, v)."""
+
+    layout: KVCacheLayout
+    layers: tuple
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: torch.dtype
+
+    @classmethod
+    def build(cls, layout: str | KVCacheLayout, layers: Sequence) -> "PagedKVCache":
+        """Check every layer against ``layout`` (shape, strides, dtype) and agree on them."""
+        lay = get_layout(layout)
+        if not layers:
+            raise ValueError("a paged KV cache needs at least one layer")
+        first = resolve(lay, layers[0])
+        for i, layer in enumerate(layers[1:], 1):
+            rc = resolve(lay, layer, first.num_kv_heads, first.head_size)
+            if (rc.block_size, rc.dtype, rc.k.tensor.device) != (
+                    first.block_size, first.dtype, first.k.tensor.device):
+                raise ValueError(f"layer {i} has block size {rc.block_size} / {rc.dtype} on "
+                                 f"{rc.k.tensor.device}; layer 0 {first.block_size} / "
+                                 f"{first.dtype} on {first.k.tensor.device}")
+        return cls(lay, tuple(layers), first.block_size, first.num_kv_heads, first.head_size,
+                   first.dtype)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def device(self) -> torch.device:
+        first = self.layers[0]
+        return (first[0] if self.layout.separate else first).device
+
+    def layer(self, i: int) -> ResolvedCache:
+        if not 0 <= i < len(self.layers):
+            raise ValueError(f"layer {i} is out of range: the cache has {len(self.layers)}")
+        return resolve(self.layout, self.layers[i], self.num_kv_heads, self.head_size)
+
+    def slots(self, block_ids: Sequence[int], token_start: int, token_end: int) -> torch.Tensor:
+        return slots_for_blocks(block_ids, self.block_size, token_start, token_end)
+
+    def read(self, i: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s tokens at ``slots`` -> dense k, v [num_kv_heads, len(slots), head]."""
+        return read_tokens(self.layer(i), slots)
+
+    def write(self, i: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write dense k, v [num_kv_heads, len(slots), head_size] into the slots of layer i."""
+        want = (self.num_kv_heads, len(slots), self.head_size)
+        if tuple(k.shape) != want or k.shape != v.shape:
+            raise ValueError(f"k/v shapes {tuple(k.shape)}/{tuple(v.shape)} do not match {want}")
+        rc = self.layer(i)
+        slots = slots.to(rc.k.tensor.device, torch.int64)
+        blk, off = slots // self.block_size, slots % self.block_size
+        for tgt, x in ((rc.k, k), (rc.v, v)):
+            view = target_view(tgt, rc.num_blocks, rc.block_size, rc.num_kv_heads, rc.head_size)
+            view[blk, off] = x.to(view.device, rc.dtype).transpose(0, 1)
+
+
+def read_tokens(rc: ResolvedCache, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather tokens at ``slots`` of one resolved layer -> dense, contiguous k, v [H, n, D]."""
+    slots = slots.to(rc.k.tensor.device, torch.int64)
+    blk, off = slots // rc.block_size, slots % rc.block_size
+    out = []
+    for tgt in (rc.k, rc.v):
+        view = target_view(tgt, rc.num_blocks, rc.block_size, rc.num_kv_heads, rc.head_size)
+        out.append(view[blk, off].permute(1, 0, 2).contiguous())
+    return out[0], out[1]
+
+
+def row_offsets(rc: ResolvedCache, slots: torch.Tensor) -> torch.Tensor:
+    """int64 [n] element offsets of each token's (head 0, dim 0) from the cache's block 0,
+    the same for K and V: what a compress kernel with a fused gather reads per token."""
+    if (rc.k.s_block, rc.k.s_token) != (rc.v.s_block, rc.v.s_token):
+        raise ValueError(f"{rc.layout.name}: K and V token strides differ; gather first")
+    slots = slots.to(rc.k.tensor.device, torch.int64)
+    return (slots // rc.block_size) * rc.k.s_block + (slots % rc.block_size) * rc.k.s_token
+
+
+def dense_run(rc: ResolvedCache, slots: torch.Tensor):
+    """(k, v) strided [H, n, D] views when host ``slots`` are consecutive and blocks are
+    evenly spaced (a contiguous run of blocks: no gather needed), else None."""
+    n = slots.numel()
+    if slots.device.type != "cpu" or n == 0:
+        return None
+    s0 = int(slots[0])
+    if s0 < 0 or not torch.equal(slots, torch.arange(s0, s0 + n, dtype=slots.dtype)):
+        return None
+    if s0 % rc.block_size or (s0 + n) > rc.num_blocks * rc.block_size:
+        return None
+    out = []
+    for tgt in (rc.k, rc.v):
+        if tgt.s_block != rc.block_size * tgt.s_token:
+            return None
+        base = tgt.tensor.storage_offset() + tgt.offset + (s0 // rc.block_size) * tgt.s_block
+        out.append(torch.as_strided(tgt.tensor, (rc.num_kv_heads, n, rc.head_size),
+                                    (tgt.s_head, tgt.s_token, tgt.s_dim), base))
+    return out[0], out[1]

@@ -1,0 +1,114 @@
+"""The page serde on the CPU: wire bytes identical to each codec's encode_pages, from dense
+layers and from every paged-cache layout; received pages decoded straight into every layout
+equal to the codec's decode_page, at both stages; exact sizes; bad input named."""
+import pytest
+import torch
+
+from lynx_npu.ops import KV_CACHE_LAYOUTS, list_backends
+from lynx_npu.ops.page_serde import serde_for
+
+from .parity import random_kv
+from .serde_checks import (assert_same_bytes, check_decode_into, check_encode_cache,
+                           check_every_byte_written, reference_pages, small_codec)
+
+LYNX = ["lynx", "lynx-int4", "lynx-int8"]
+BASELINES = ["bf16", "int8", "int4", "kivi4"]
+LAYOUTS = sorted(KV_CACHE_LAYOUTS)
+CPU_BACKEND = "cpu" if list_backends()["cpu"] is None else None
+
+
+@pytest.fixture(autouse=True)
+def _needs_cpu_backend():
+    if CPU_BACKEND is None:
+        pytest.skip(f"cpu backend unavailable: {list_backends()['cpu']}")
+
+
+@pytest.mark.parametrize("name", LYNX + BASELINES)
+@pytest.mark.parametrize("t", [3, 64, 150, 301])
+def test_dense_encode_gives_encode_pages_bytes(name, t):
+    codec = small_codec(name)
+    k, v = random_kv(2, t, 32, torch.bfloat16, seed=t)
+    encoded = serde_for(codec).encode(k, v).wait()
+    assert_same_bytes(encoded, reference_pages(codec, k, v))
+    assert encoded.backend == ("cpu" if name in LYNX else "reference")
+
+
+@pytest.mark.parametrize("preset", [{}, {"preset": "paper"}, {"center": "mean", "anchor_bits": 3},
+                                    {"v_axis": "channel", "num_sink_tokens": 0}])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_configs_and_dtypes(preset, dtype):
+    codec = small_codec("lynx", **preset)
+    k, v = random_kv(3, 200, 48, dtype, seed=2)
+    assert_same_bytes(serde_for(codec).encode(k, v).wait(), reference_pages(codec, k, v))
+
+
+@pytest.mark.parametrize("name", LYNX)
+def test_every_byte_written(name):
+    check_every_byte_written(name, "cpu")
+    check_every_byte_written(name, "cpu", t=5, d=24, chunk_size=8)  # pads past the table's
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("order", ["random", "sequential"])
+@pytest.mark.parametrize("name", ["lynx", "lynx-int8", "int8"])
+def test_encode_from_every_cache_layout(layout, order, name):
+    check_encode_cache(name, layout, order, "cpu")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name,stage", [("lynx", "anchor")] + [
+    (n, "full") for n in LYNX + ["int4", "bf16", "kivi4"]])
+def test_decode_into_every_cache_layout(layout, name, stage):
+    used = check_decode_into(name, layout, stage, "cpu")
+    assert used == ("cpu" if name in LYNX else "reference")
+
+
+@pytest.mark.parametrize("name", LYNX + BASELINES)
+def test_decode_page_equals_codec(name):
+    codec = small_codec(name)
+    k, v = random_kv(2, 150, 32, torch.bfloat16, seed=9)
+    serde = serde_for(codec)
+    for p in codec.encode_pages(k, v):
+        for res in {p.residual, None} if name == "lynx" else {p.residual}:
+            kw = dict(num_kv_heads=2, head_dim=32, dtype=torch.bfloat16)
+            want = codec.decode_page(p.anchor, res, p.token_start, p.token_end, **kw)
+            got = serde.decode_page(p.anchor.numpy().tobytes(),
+                                    None if res is None else memoryview(res.numpy()),
+                                    p.token_start, p.token_end, **kw)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("name", LYNX + ["bf16", "int8", "kivi4"])
+def test_page_nbytes_are_exact(name):
+    codec = small_codec(name)
+    k, v = random_kv(2, 211, 32, torch.bfloat16, seed=4)
+    sizes = serde_for(codec).page_nbytes(211, 2, 32, torch.bfloat16)
+    pages = codec.encode_pages(k, v)
+    assert sizes == [(p.token_start, p.token_end, p.anchor.numel(),
+                      None if p.residual is None else p.residual.numel()) for p in pages]
+
+
+def test_reference_backend_gives_the_same_bytes():
+    codec = small_codec("lynx")
+    k, v = random_kv(2, 150, 32, torch.bfloat16, seed=6)
+    encoded = serde_for(codec, backend="torch").encode(k, v).wait()
+    assert encoded.backend == "torch"
+    assert_same_bytes(encoded, reference_pages(codec, k, v))
+
+
+def test_bad_pages_are_named():
+    codec = small_codec("lynx")
+    k, v = random_kv(2, 100, 32, torch.bfloat16)
+    serde = serde_for(codec)
+    p = serde.encode(k, v).wait().pages[1]
+    kw = dict(num_kv_heads=2, head_dim=32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"anchor frame .* has \d+ bytes; lynx needs"):
+        serde.decode_page(p.anchor[:-1], None, p.token_start, p.token_end, **kw)
+    with pytest.raises(ValueError, match="residual frame"):
+        serde.decode_page(p.anchor, p.residual[1:], p.token_start, p.token_end, **kw)
+    with pytest.raises(ValueError, match="one stream"):
+        serde_for(small_codec("lynx-int8")).decode_page(p.anchor, p.residual, p.token_start,
+                                                       p.token_end, **kw)
+    with pytest.raises(ValueError, match="host"):
+        from lynx_npu.ops.page_serde import as_bytes
+        as_bytes(torch.zeros(4, dtype=torch.uint8, device="meta"))
