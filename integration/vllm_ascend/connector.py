@@ -19,6 +19,7 @@ from .config import LynxConnectorConfig
 from .connector_scheduler import ConnectorScheduler
 from .kv_cache_io import paged_kv_from_vllm
 from .messages import LynxConnectorMeta
+from .stats import LynxPromMetrics, LynxStats
 from .vllm_compat import (KVConnectorBase_V1, KVConnectorRole, KVConnectorTransferResults,
                           get_logger, tensor_parallel)
 
@@ -120,6 +121,21 @@ class LynxConnector(KVConnectorBase_V1):
 
     def request_finished(self, request, block_ids):
         return self.scheduler_half.request_finished(request)
+
+    # -- statistics (stats.py): counted by the scheduler half, shown by vLLM's loggers ---------
+    def get_kv_connector_stats(self) -> LynxStats | None:
+        if self.scheduler_half is None:
+            return None
+        return self.scheduler_half.stats.take()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict | None = None) -> LynxStats:
+        return LynxStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames,
+                           per_engine_labelvalues) -> LynxPromMetrics:
+        return LynxPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_loaded_kv_cache_group_ids(self, request) -> tuple[int, ...]:
         # The transfer carries the request's own blocks of every (single) attention group.

@@ -15,6 +15,7 @@ from __future__ import annotations
 from .config import LynxConnectorConfig, TransferParams
 from .decode_state import LynxDecodeRequest, new_decode_request
 from .messages import LoadJob, LynxConnectorMeta, LynxWorkerMeta, SaveJob
+from .stats import LynxStats
 from .vllm_compat import get_logger
 
 log = get_logger(__name__)
@@ -39,6 +40,7 @@ class ConnectorScheduler:
         self.decode: dict[str, LynxDecodeRequest] = {}
         self._loads: list[LoadJob] = []
         self._releases: list[str] = []
+        self.stats = LynxStats()  # this interval's counters, taken by vLLM every step
 
     # -- both -------------------------------------------------------------------------------
     def on_new_request(self, request) -> None:

@@ -26,8 +26,9 @@ from lynx_npu.speculative import Phase, Verdict
 
 from .connector import LynxConnector
 from .decode_state import LynxDecodeRequest
-from .vllm_compat import (Scheduler, check_stop, drop_output_tokens, get_logger, is_running,
-                          park, set_verify, undo_stop, unpark)
+from .vllm_compat import (Scheduler, check_stop, drop_output_tokens, get_logger,
+                          hide_from_spec_metrics, is_running, park, set_verify, undo_stop,
+                          unpark)
 
 log = get_logger(__name__)
 
@@ -77,6 +78,7 @@ class LynxScheduler(Scheduler):
             raise RuntimeError(f"Lynx: request {request.request_id} holds output {drafts}, "
                                f"its draft state {lr.drafts.drafts}")
         lr.drafts.on_residual_ready()
+        hide_from_spec_metrics(request)
         set_verify(request, drafts)
         unpark(request)
         lr.stop_parked = False
@@ -87,6 +89,7 @@ class LynxScheduler(Scheduler):
         log.warning("Lynx: recomputing request %s locally (%s)", request.request_id, lr.lost)
         drop_output_tokens(request, self.hash_block_size)
         lr.drafts.on_residual_lost()
+        self.lynx.stats.record_recompute()
         unpark(request)
         self.running.remove(request)
         self._preempt_request(request, time.monotonic())
@@ -123,6 +126,18 @@ class LynxScheduler(Scheduler):
         lr.token_times += times[:len(out)]
         return out, stopped
 
+    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens,
+                                 num_accepted_tokens, num_invalid_spec_tokens, request_id):
+        # A Lynx verification checks up to max_drafts tokens in one step; vLLM's stats are
+        # sized for num_speculative_tokens=1 and assert on more (stats.py): count it as ours.
+        lr = self.lynx.decode.get(request_id)
+        if lr is not None and lr.phase is Phase.VERIFY:
+            self.lynx.stats.record_verification(num_draft_tokens, num_accepted_tokens)
+            return spec_decoding_stats
+        return super().make_spec_decoding_stats(spec_decoding_stats, num_draft_tokens,
+                                                num_accepted_tokens, num_invalid_spec_tokens,
+                                                request_id)
+
     def update_draft_token_ids(self, draft_token_ids) -> None:
         # The null proposer proposes nothing; keep the drafts queued for verification.
         keep = {rid: self.requests[rid].spec_token_ids for rid, lr in self.lynx.decode.items()
@@ -141,5 +156,6 @@ class LynxScheduler(Scheduler):
             drop_output_tokens(request, self.hash_block_size)
             lr.drafts.on_residual_lost()
             lr.lost = lr.lost or "preempted while drafting"
+            self.lynx.stats.record_recompute()
             self.lynx.release(request.request_id)
         super()._preempt_request(request, timestamp, drop_stale_output)

@@ -48,8 +48,11 @@ VLLM_VERSION = check_vllm_version()
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402,F401
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorTransferResults,
     KVConnectorWorkerMetadata)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (  # noqa: E402,F401
+    KVConnectorPromMetrics, KVConnectorStats)
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402,F401
 from vllm.v1.core.sched.utils import check_stop  # noqa: E402,F401
+from vllm.v1.metrics.utils import create_metric_per_engine  # noqa: E402,F401
 from vllm.v1.request import Request, RequestStatus  # noqa: E402,F401
 
 def get_logger(name: str):
@@ -100,6 +103,12 @@ def set_verify(request: Request, drafts: list[int]) -> None:
     speculative tokens and the prompt's last token is recomputed."""
     request.spec_token_ids = list(drafts)
     request.num_computed_tokens = request.num_prompt_tokens - 1
+
+
+def hide_from_spec_metrics(request: Request) -> None:
+    """Keep a Lynx verification out of the request's own spec-decoding metrics (sized for
+    ``num_speculative_tokens``; see stats.py): vLLM observes them only when set."""
+    request.spec_decode_metrics = None
 
 
 def is_running(request: Request) -> bool:

@@ -20,6 +20,7 @@ class Prompt:
     meeting: int
     query: str
     token_ids: list[int]
+    content: str        # the user message (for chat requests to an OpenAI server)
 
 
 def load_prompts(tokenizer, num_prompts: int, num_tokens: int,
@@ -48,7 +49,9 @@ def load_prompts(tokenizer, num_prompts: int, num_tokens: int,
                 used += n
             if used < budget // 2:
                 continue  # too short a meeting for this budget
-            prompts.append(Prompt(meeting, query, _chat(tokenizer, "".join(turns), query)))
+            transcript = "".join(turns)
+            prompts.append(Prompt(meeting, query, _chat(tokenizer, transcript, query),
+                                  _content(transcript, query)))
             if len(prompts) == num_prompts:
                 break
     if len(prompts) < num_prompts:
@@ -57,8 +60,12 @@ def load_prompts(tokenizer, num_prompts: int, num_tokens: int,
     return prompts
 
 
+def _content(transcript: str, query: str) -> str:
+    return f"Meeting transcript:\n{transcript}\nAnswer using the transcript.\n{query}"
+
+
 def _chat(tokenizer, transcript: str, query: str) -> list[int]:
-    content = (f"Meeting transcript:\n{transcript}\nAnswer using the transcript.\n{query}")
+    content = _content(transcript, query)
     text = tokenizer.apply_chat_template([{"role": "user", "content": content}],
                                          tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]

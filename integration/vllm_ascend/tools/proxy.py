@@ -3,7 +3,8 @@
     python -m lynx_npu.integration.vllm_ascend.tools.proxy --port 8000 \\
         --prefill http://prefill-host:8100 --decode http://decode-host:8200
 
-For each ``/v1/completions`` or ``/v1/chat/completions`` request it picks a transfer id, sends
+For each ``/v1/completions`` or ``/v1/chat/completions`` request it picks a transfer id (a
+client may choose the ``codec`` and ``max_drafts`` in its own ``kv_transfer_params["lynx"]``), sends
 the request to the decode server (which waits for the KV) and a one-token copy to the prefill
 server (which computes the prompt and streams its KV to the decode server, anchor first), and
 returns the decode server's response, streamed or not, unchanged. Both servers see the same
@@ -27,7 +28,7 @@ def split_request(body: dict, transfer_id: int) -> tuple[dict, dict]:
         raise ValueError("the request body must be a JSON object")
     if not 0 < transfer_id < 2**63:
         raise ValueError(f"{transfer_id=} must be in [1, 2**63)")
-    params = {"lynx": {"transfer_id": transfer_id}}
+    params = {"lynx": {**_client_options(body), "transfer_id": transfer_id}}
     decode = dict(body, kv_transfer_params=params)
     prefill = dict(body, kv_transfer_params=params, max_tokens=1, stream=False)
     prefill.pop("stream_options", None)
@@ -35,6 +36,25 @@ def split_request(body: dict, transfer_id: int) -> tuple[dict, dict]:
         prefill["max_completion_tokens"] = 1
     prefill.pop("n", None)
     return prefill, decode
+
+
+# What a client may choose per request in its own kv_transfer_params["lynx"]. The rest (the
+# transfer id, the prefill side's peer, fault injection) is the proxy's or the operator's.
+CLIENT_OPTIONS = ("codec", "max_drafts")
+
+
+def _client_options(body: dict) -> dict:
+    params = body.get("kv_transfer_params")
+    if params is None:
+        return {}
+    lynx = params.get("lynx") if isinstance(params, dict) else None
+    if not isinstance(params, dict) or set(params) != {"lynx"} or not isinstance(lynx, dict):
+        raise ValueError('kv_transfer_params must be {"lynx": {...}}')
+    refused = set(lynx) - set(CLIENT_OPTIONS)
+    if refused:
+        raise ValueError(f"kv_transfer_params['lynx'] keys {sorted(refused)} are not the "
+                         f"client's to set; allowed: {list(CLIENT_OPTIONS)}")
+    return dict(lynx)
 
 
 def new_transfer_id() -> int:

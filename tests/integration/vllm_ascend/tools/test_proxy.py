@@ -25,3 +25,15 @@ def test_bad_input():
     with pytest.raises(ValueError, match="transfer_id"):
         split_request({}, 0)
     assert 0 < new_transfer_id() < 2**63
+
+
+def test_client_may_choose_codec_and_draft_cap_only():
+    body = {"prompt": "x", "kv_transfer_params": {"lynx": {"codec": "lynx-int8", "max_drafts": 0}}}
+    pre, dec = split_request(body, 7)
+    for b in (pre, dec):
+        p = TransferParams.from_request(b["kv_transfer_params"])
+        assert (p.transfer_id, p.codec, p.max_drafts) == (7, "lynx-int8", 0)
+    for bad in ({"lynx": {"peer": "evil:1"}}, {"lynx": {"transfer_id": 3}},
+                {"lynx": {"drop_residual": True}}, {"other": {}}, {"lynx": 5}, [1]):
+        with pytest.raises(ValueError, match="kv_transfer_params"):
+            split_request({"prompt": "x", "kv_transfer_params": bad}, 7)

