@@ -3,6 +3,12 @@
 A codec encodes one layer: ``k``, ``v`` of shape ``[num_kv_heads, num_tokens, head_dim]``.
 Progressive codecs expose several *stages* (``"anchor"`` then ``"full"``); ``nbytes(stage)``
 is the exact number of bytes that stage puts on the wire, every scalar included.
+
+``params()`` lists every parameter that shapes a codec's bytes, so that ``get_codec(name,
+**codec.params())`` rebuilds the same codec: frames carry them (registry.wire_params) and a
+receiver rebuilds the codec from them alone. Configs check each parameter's type and range on
+construction (``check_int`` / ``check_number``), so values from the wire meet the same checks
+as values from the API.
 """
 from __future__ import annotations
 
@@ -13,6 +19,23 @@ from dataclasses import dataclass
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_int(name: str, value, minimum: int, maximum: int | None = None) -> None:
+    """A codec parameter that must be an int (a bool is not one) in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r} must be an int, got {type(value).__name__}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        raise ValueError(f"{name}={value!r} must be {bound}")
+
+
+def check_number(name: str, value, low: float, high: float) -> float:
+    """A codec parameter that must be a real number (int or float, not a bool) in the open
+    interval (low, high); returns it as a float, so 3 and 3.0 give the same parameters."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
+        raise ValueError(f"{name}={value!r} must be a number in ({low:g}, {high:g})")
+    return float(value)
 
 
 def validate_kv(k: torch.Tensor, v: torch.Tensor) -> None:
@@ -118,7 +141,12 @@ class TensorCodec(Codec):
     its fields' raw bytes concatenated in order (first stage -> anchor, later -> residual).
     """
 
-    page_size: int = 256
+    def __init__(self, page_size: int = 256):
+        check_int("page_size", page_size, 1)
+        self.page_size = page_size
+
+    def params(self) -> dict:
+        return {"page_size": self.page_size}
 
     def encode_pages(self, k: torch.Tensor, v: torch.Tensor) -> list[EncodedPage]:
         validate_kv(k, v)

@@ -1,5 +1,8 @@
 """Baseline codecs measured beside Lynx: bf16, int8, int4, kivi4 and quantspec.
 
+Every baseline takes ``page_size`` (tokens per wire page, TensorCodec); ``kivi4`` and
+``quantspec`` also their ``group_size``.
+
 - ``int8`` / ``int4``: asymmetric, one (scale, min) per token per head.
 - ``kivi4``: KIVI's layout: K per channel over groups of 32 tokens, V per token per head.
 - ``quantspec``: QuantSpec's hierarchical INT8 = 16 * upper + lower: the upper INT4 is
@@ -11,16 +14,13 @@ from __future__ import annotations
 import torch
 
 from . import affine
-from .base import TensorCodec, TensorEncoded, validate_kv
+from .base import TensorCodec, TensorEncoded, check_int, validate_kv
 from .packing import pack_bits, unpack_bits
 from .registry import register_codec
 
 
 class BF16Codec(TensorCodec):
     name = "bf16"
-
-    def params(self) -> dict:
-        return {}
 
     def encode(self, k, v) -> TensorEncoded:
         validate_kv(k, v)
@@ -36,16 +36,13 @@ class BF16Codec(TensorCodec):
 class AffineCodec(TensorCodec):
     """Asymmetric uniform quantization with a per-tensor (K, V) grouping axis."""
 
-    def __init__(self, bits: int, k_axis: str, v_axis: str, group_size: int = 32):
-        if bits not in (2, 3, 4, 5, 6, 7, 8):
-            raise ValueError(f"{bits=} must be in [2, 8]")
-        if group_size < 1:
-            raise ValueError(f"{group_size=} must be >= 1")
+    def __init__(self, bits: int, k_axis: str, v_axis: str, group_size: int = 32,
+                 page_size: int = 256):
+        super().__init__(page_size)
+        check_int("bits", bits, 2, 8)
+        check_int("group_size", group_size, 1)
         self.bits, self.group_size = bits, group_size
         self.axes = {"k": k_axis, "v": v_axis}
-
-    def params(self) -> dict:
-        return {}
 
     def encode(self, k, v) -> TensorEncoded:
         validate_kv(k, v)
@@ -74,39 +71,39 @@ def _numel(shape) -> int:
 class Int8Codec(AffineCodec):
     name = "int8"
 
-    def __init__(self):
-        super().__init__(8, "token", "token")
+    def __init__(self, page_size: int = 256):
+        super().__init__(8, "token", "token", page_size=page_size)
 
 
 class Int4Codec(AffineCodec):
     name = "int4"
 
-    def __init__(self):
-        super().__init__(4, "token", "token")
+    def __init__(self, page_size: int = 256):
+        super().__init__(4, "token", "token", page_size=page_size)
 
 
 class Kivi4Codec(AffineCodec):
     name = "kivi4"
 
-    def __init__(self, group_size: int = 32):
-        super().__init__(4, "channel", "token", group_size)
+    def __init__(self, group_size: int = 32, page_size: int = 256):
+        super().__init__(4, "channel", "token", group_size, page_size)
 
     def params(self) -> dict:
-        return {"group_size": self.group_size}
+        return {**super().params(), "group_size": self.group_size}
 
 
 class QuantSpecCodec(TensorCodec):
     name = "quantspec"
     stages = ("anchor", "full")
 
-    def __init__(self, group_size: int = 128):
-        if group_size < 1:
-            raise ValueError(f"{group_size=} must be >= 1")
+    def __init__(self, group_size: int = 128, page_size: int = 256):
+        super().__init__(page_size)
+        check_int("group_size", group_size, 1)
         self.group_size = group_size
         self.axes = {"k": "channel", "v": "token"}
 
     def params(self) -> dict:
-        return {"group_size": self.group_size}
+        return {**super().params(), "group_size": self.group_size}
 
     def encode(self, k, v) -> TensorEncoded:
         validate_kv(k, v)

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .base import Codec, Encoded, EncodedPage, validate_kv
+from .base import Codec, Encoded, EncodedPage, check_int, validate_kv
 from .cachegen_coder import cdf_table, decode_symbols, encode_symbols
 from .registry import register_codec
 
@@ -71,22 +71,17 @@ class CacheGenConfig:
     value_second_bins: int = 16
 
     def __post_init__(self):
-        if self.num_layers < 1:
-            raise ValueError(f"{self.num_layers=} must be >= 1")
-        if not 0 <= self.layer_index < self.num_layers:
-            raise ValueError(f"{self.layer_index=} must be in [0, num_layers={self.num_layers})")
-        if self.chunk_size < 1:
-            raise ValueError(f"{self.chunk_size=} must be >= 1")
+        check_int("num_layers", self.num_layers, 1)
+        check_int("layer_index", self.layer_index, 0, self.num_layers - 1)
+        check_int("chunk_size", self.chunk_size, 1)
         for name in ("key_first_layers", "key_second_layers", "value_first_layers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+            check_int(name, getattr(self, name), 0)
         if self.key_second_layers < self.key_first_layers:
             raise ValueError(f"{self.key_second_layers=} must be >= "
                              f"key_first_layers={self.key_first_layers}")
         for name in ("key_first_bins", "key_second_bins", "key_third_bins",
                      "value_first_bins", "value_second_bins"):
-            if not 4 <= getattr(self, name) <= 256:
-                raise ValueError(f"{name}={getattr(self, name)} must be in [4, 256]")
+            check_int(name, getattr(self, name), 4, 256)
 
     @property
     def key_bins(self) -> int:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .base import check_int, check_number
+
 TOTAL_BITS = 8
 AXES = ("channel", "token")
 CENTERS = ("midrange", "mean")
@@ -34,28 +36,23 @@ class LynxConfig:
     scalar_preview: bool = False
 
     def __post_init__(self):
-        if self.page_size < 1:
-            raise ValueError(f"{self.page_size=} must be >= 1")
-        if self.chunk_size < 1:
-            raise ValueError(f"{self.chunk_size=} must be >= 1")
+        # Types as well as ranges: a config rebuilt from a frame's JSON parameters
+        # (registry.codec_from_wire) meets exactly these checks.
+        check_int("page_size", self.page_size, 1)
+        check_int("chunk_size", self.chunk_size, 1)
         if self.k_axis == "channel" and self.page_size % self.chunk_size:
             raise ValueError(f"{self.page_size=} must be a multiple of {self.chunk_size=}")
-        for name in ("alpha_k", "alpha_v"):
-            a = getattr(self, name)
-            if not (isinstance(a, (int, float)) and 0 < a < 1e6):
-                raise ValueError(f"{name}={a!r} must be a number in (0, 1e6)")
-        if not 2 <= self.anchor_bits <= TOTAL_BITS - 1:
-            raise ValueError(f"{self.anchor_bits=} must be in [2, {TOTAL_BITS - 1}] "
-                             f"(the residual takes the other {TOTAL_BITS} - anchor_bits)")
+        for name in ("alpha_k", "alpha_v"):  # stored as float: alpha 3 and 3.0 are one config
+            object.__setattr__(self, name, check_number(name, getattr(self, name), 0, 1e6))
+        check_int("anchor_bits", self.anchor_bits, 2, TOTAL_BITS - 1)  # the residual: the rest
         for name in ("k_axis", "v_axis"):
-            if getattr(self, name) not in AXES:
+            if not isinstance(getattr(self, name), str) or getattr(self, name) not in AXES:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {AXES}")
-        if self.center not in CENTERS:
-            raise ValueError(f"{self.center=} must be one of {CENTERS}")
+        if not isinstance(self.center, str) or self.center not in CENTERS:
+            raise ValueError(f"center={self.center!r} must be one of {CENTERS}")
         if not isinstance(self.scalar_preview, bool):
-            raise ValueError(f"{self.scalar_preview=} must be a bool")
-        if self.num_sink_tokens < 0:
-            raise ValueError(f"{self.num_sink_tokens=} must be >= 0")
+            raise ValueError(f"scalar_preview={self.scalar_preview!r} must be a bool")
+        check_int("num_sink_tokens", self.num_sink_tokens, 0)
 
     @property
     def residual_bits(self) -> int:

@@ -1,4 +1,5 @@
-"""Byte layout of Lynx pages (wire format v1): described once, as data, for every backend.
+"""Byte layout of Lynx pages (payload format 2, registry.PAYLOAD_FORMAT): described once, as
+data, for every backend.
 
 A layer of ``T`` tokens is cut into pages of the *body* (the tokens after the
 ``num_sink_tokens`` exact sinks): page ``i`` quantizes body tokens ``[i*P, min((i+1)*P, Tb))``;

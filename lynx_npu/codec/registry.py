@@ -1,9 +1,25 @@
 """Codec registry: ``get_codec(name, **overrides)`` builds a codec by name.
 
 ``CODEC_IDS`` are the stable numbers the wire header carries (never reuse or renumber one).
+
+A frame carries its codec's parameters (``wire_params``): ``PAYLOAD_FORMAT`` and every entry of
+``codec.params()``, defaults included. ``codec_from_wire`` rebuilds the codec from them alone:
+a missing or unknown key, or a value of the wrong type or range, is a ValueError naming it,
+never a default. PAYLOAD_FORMAT versions what payload bytes and parameters mean; the frame
+header has its own version (lynx_npu.wire.VERSION).
+
+    format 1  (before this key existed) parameters were partial and defaults filled the rest,
+              so a frame's meaning moved with each default: the chunk centre, the alphas,
+              scalar previews (a frame without "scalar_preview" meant True).
+    format 2  every parameter explicit; lynx pages as lynx_layout.py and lynx_stream.py
+              describe them, the baselines as baselines.py and cachegen.py do.
+
+Bump PAYLOAD_FORMAT whenever any codec's bytes, parameters or defaults change meaning, and
+regenerate the golden payloads (tests/wire/make_golden.py).
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from .base import Codec
@@ -12,6 +28,8 @@ CODEC_IDS: dict[str, int] = {
     "bf16": 1, "int8": 2, "int4": 3, "kivi4": 4, "quantspec": 5, "cachegen": 6,
     "lynx-int4": 7, "lynx-int8": 8, "lynx": 9,
 }
+PAYLOAD_FORMAT = 2
+FORMAT_KEY = "payload_format"
 
 _FACTORIES: dict[str, Callable[..., Codec]] = {}
 
@@ -42,11 +60,54 @@ def get_codec(name: str, **overrides) -> Codec:
     return codec
 
 
-def codec_from_wire(codec_id: int, params: dict) -> Codec:
-    """Rebuild on the receiver the codec a frame header names."""
+def wire_params(codec: Codec) -> dict:
+    """The parameters a frame of ``codec`` carries: the payload format and every parameter."""
+    params = codec.params()
+    assert FORMAT_KEY not in params, f"{codec.name} must not define {FORMAT_KEY!r}"
+    return {FORMAT_KEY: PAYLOAD_FORMAT, **params}
+
+
+@functools.lru_cache(maxsize=None)
+def parameter_names(name: str) -> frozenset[str]:
+    """The keys of ``get_codec(name).params()``: what a frame of codec ``name`` must carry."""
+    return frozenset(get_codec(name).params())
+
+
+def codec_from_params(name: str, params: dict) -> Codec:
+    """Rebuild codec ``name`` from a frame's parameters (``wire_params`` of the sender's codec).
+
+    Strict: the payload format must be this build's, every parameter must be present and none
+    unknown; values are checked by the codec's own constructor, as ``get_codec`` checks them."""
+    if name not in _FACTORIES:
+        raise ValueError(f"codec {name!r} is not available here; known codecs: "
+                         f"{', '.join(list_codecs())}")
+    if FORMAT_KEY not in params:
+        raise ValueError(f"codec {name!r} parameters lack {FORMAT_KEY!r} (payload format 1 "
+                         f"had none; this build reads payload format {PAYLOAD_FORMAT})")
+    fmt = params[FORMAT_KEY]
+    if type(fmt) is not int or fmt != PAYLOAD_FORMAT:
+        raise ValueError(f"{FORMAT_KEY}={fmt!r} is not supported: this build reads payload "
+                         f"format {PAYLOAD_FORMAT}")
+    given = {k: v for k, v in params.items() if k != FORMAT_KEY}
+    expected = parameter_names(name)
+    missing = sorted(expected - given.keys())
+    if missing:
+        raise ValueError(f"codec {name!r} parameters lack {', '.join(map(repr, missing))}: "
+                         f"every parameter must be explicit (payload format {PAYLOAD_FORMAT})")
+    unknown = sorted(given.keys() - expected)
+    if unknown:
+        raise ValueError(f"codec {name!r} has no parameter {', '.join(map(repr, unknown))}; "
+                         f"its parameters: {', '.join(sorted(expected))}")
+    return get_codec(name, **given)
+
+
+def codec_name(codec_id: int) -> str:
     for name, cid in CODEC_IDS.items():
         if cid == codec_id:
-            if name not in _FACTORIES:
-                raise ValueError(f"codec id {codec_id} ({name!r}) is not available here")
-            return get_codec(name, **params)
+            return name
     raise ValueError(f"unknown codec id {codec_id}; known ids: {sorted(CODEC_IDS.values())}")
+
+
+def codec_from_wire(codec_id: int, params: dict) -> Codec:
+    """Rebuild on the receiver the codec a frame header names (see ``codec_from_params``)."""
+    return codec_from_params(codec_name(codec_id), params)

@@ -7,8 +7,8 @@
     handle.anchor_ready.wait(); ...; handle.residual_ready.wait()
 """
 from .config import ReceiverConfig, SenderConfig  # noqa: F401
-from .errors import (AuthenticationError, RemoteError, TransferDeadlineError,  # noqa: F401
-                     TransferError, TransportClosed)
+from .errors import (AuthenticationError, HandshakeError, IncompatiblePeerError,  # noqa: F401
+                     RemoteError, TransferDeadlineError, TransferError, TransportClosed)
 from .events import StageEvent  # noqa: F401
 from .rate_limit import TokenBucket  # noqa: F401
 from .receive_state import ReceiveHandle  # noqa: F401

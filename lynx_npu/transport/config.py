@@ -1,10 +1,11 @@
 """Configuration of the split-stream transport (frozen, validated on construction)."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
-from ..wire import DEFAULT_LIMITS, WireLimits
+from ..wire import DEFAULT_LIMITS, CodecSpec, Compat, WireLimits
 
 LOOPBACK = "127.0.0.1"
 
@@ -20,6 +21,13 @@ def _positive(name: str, value, allow_none: bool = False) -> None:
 def _check_secret(secret) -> None:
     if secret is not None and (not isinstance(secret, bytes) or len(secret) < 16):
         raise ValueError("secret must be bytes of length >= 16 (or None for no authentication)")
+
+
+def _codec_specs(codecs) -> tuple[CodecSpec, ...]:
+    """``codecs`` (codecs from get_codec, or CodecSpecs) -> CodecSpecs that fit a HELLO."""
+    if not isinstance(codecs, (tuple, list)):
+        raise ValueError(f"codecs={codecs!r} must be a tuple of codecs (lynx_npu.get_codec)")
+    return Compat.of(codecs).codecs
 
 
 @dataclass(frozen=True)
@@ -44,8 +52,15 @@ class SenderConfig:
                                          # bandwidth-delay product, so residual bytes already
                                          # in the kernel cannot hold a new anchor back long
     secret: bytes | None = field(default=None, repr=False)  # shared-secret HMAC handshake
+    # The codecs (lynx_npu.get_codec(...), every parameter counts) this sender will send,
+    # announced in the handshake: a receiver that declares codecs refuses a sender whose
+    # codecs it does not accept, and send() refuses a codec not declared here. () declares
+    # none: any codec may be sent (and a receiver that declares codecs refuses the sender).
+    codecs: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "codecs", _codec_specs(self.codecs))
+        _check_secret(self.secret)
         if not isinstance(self.port, int) or not 0 < self.port < 65536:
             raise ValueError(f"{self.port=} must be a TCP port in [1, 65535]")
         if not isinstance(self.num_connections, int) or not 1 <= self.num_connections <= 64:
@@ -66,7 +81,11 @@ class SenderConfig:
         if self.gbps is None:
             return self.chunk_bytes
         return max(self.chunk_bytes, int(self.gbps * 1e9 / 8 * self.burst_s))
-        _check_secret(self.secret)
+
+    @functools.cached_property
+    def compat(self) -> Compat:
+        """What this sender announces in its handshake (lynx_npu.wire.compat)."""
+        return Compat.of(self.codecs)
 
 
 @dataclass(frozen=True)
@@ -85,8 +104,13 @@ class ReceiverConfig:
     handshake_timeout_s: float = 5.0
     limits: WireLimits = DEFAULT_LIMITS
     secret: bytes | None = field(default=None, repr=False)
+    # The codecs (lynx_npu.get_codec(...), every parameter counts) this receiver accepts: a
+    # sender must declare some, each with exactly one's parameters, or the handshake refuses
+    # it. () accepts any codec of this payload format that it can build.
+    codecs: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "codecs", _codec_specs(self.codecs))
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
             raise ValueError(f"{self.port=} must be a TCP port in [0, 65535]")
         _positive("deadline_s", self.deadline_s)
@@ -96,3 +120,8 @@ class ReceiverConfig:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a positive int")
         _check_secret(self.secret)
+
+    @functools.cached_property
+    def compat(self) -> Compat:
+        """What this receiver announces and accepts in the handshake (lynx_npu.wire.compat)."""
+        return Compat.of(self.codecs)

@@ -1,24 +1,33 @@
-"""Frames over one TCP socket: exact reads, paced writes, and the authentication handshake.
+"""Frames over one TCP socket: exact reads, paced writes, and the handshake.
 
-Handshake (both sides send HELLO with a fresh 32-byte nonce, then):
-    sender   -> AUTH     HMAC-SHA256(secret, b"lynx-v1 sender"   + receiver_nonce + sender_nonce)
-    receiver -> AUTH_OK  HMAC-SHA256(secret, b"lynx-v1 receiver" + sender_nonce + receiver_nonce)
+Handshake. Both sides send HELLO: a fresh 32-byte nonce, then their compatibility description
+(lynx_npu.wire.compat: the payload format, and the codecs with every parameter that the sender
+will send / the receiver accepts). With T = SHA-256(sender's description) + SHA-256(receiver's):
+    sender   -> AUTH     HMAC-SHA256(secret, b"lynx-v2 sender"   + receiver_nonce + sender_nonce + T)
+    receiver -> AUTH_OK  HMAC-SHA256(secret, b"lynx-v2 receiver" + sender_nonce + receiver_nonce + T)
+         or  -> ERROR    ref_kind AUTH (a wrong tag) or HELLO (an incompatible sender): the reason
 Without a secret both tags are empty. Each side checks the other's tag, so a peer without the
-secret can neither send frames nor pose as the receiver; fresh nonces defeat replay. A side
-configured with a secret refuses a peer without one.
+secret can neither send frames nor pose as the receiver; fresh nonces defeat replay; T binds
+both descriptions to the tags, so neither can be altered in flight. A side configured with a
+secret refuses a peer without one. The receiver judges compatibility (Compat.refusal) only
+after the tag checks out; the sender raises IncompatiblePeerError with the receiver's reason,
+which names both sides' values.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import socket
 import threading
 
-from ..wire import (NONCE_BYTES, Frame, Kind, TruncatedFrameError, WireLimits, encode_frame,
-                    read_frame)
-from .errors import AuthenticationError, RemoteError
+from ..wire import (NONCE_BYTES, Compat, Frame, Kind, TruncatedFrameError, WireLimits,
+                    encode_frame, read_frame)
+from .errors import AuthenticationError, IncompatiblePeerError, RemoteError
 from .rate_limit import TokenBucket
+
+log = logging.getLogger(__name__)
 
 
 class SocketReader:
@@ -116,10 +125,23 @@ def _sendmsg_all(sock: socket.socket, views: list[memoryview]) -> None:
                 sent = 0
 
 
-def _tag(secret: bytes | None, role: bytes, first: bytes, second: bytes) -> bytes:
+def _tag(secret: bytes | None, role: bytes, first: bytes, second: bytes,
+         transcript: bytes) -> bytes:
     if secret is None:
         return b""
-    return hmac.new(secret, b"lynx-v1 " + role + first + second, hashlib.sha256).digest()
+    return hmac.new(secret, b"lynx-v2 " + role + first + second + transcript,
+                    hashlib.sha256).digest()
+
+
+def _transcript(sender_description: bytes, receiver_description: bytes) -> bytes:
+    return (hashlib.sha256(sender_description).digest()
+            + hashlib.sha256(receiver_description).digest())
+
+
+def _hello(conn: FrameSocket) -> tuple[bytes, bytes]:
+    """The peer's HELLO: (nonce, compatibility description)."""
+    payload = bytes(_expect(conn, Kind.HELLO).payload)
+    return payload[:NONCE_BYTES], payload[NONCE_BYTES:]
 
 
 def _expect(conn: FrameSocket, kind: Kind) -> Frame:
@@ -131,29 +153,52 @@ def _expect(conn: FrameSocket, kind: Kind) -> Frame:
     return frame
 
 
-def client_handshake(conn: FrameSocket, secret: bytes | None) -> None:
-    """Sender side. Raises AuthenticationError (or RemoteError with the receiver's reason)."""
-    mine = os.urandom(NONCE_BYTES)
-    conn.send(Frame(Kind.HELLO, payload=mine))
-    theirs = bytes(_expect(conn, Kind.HELLO).payload)
-    conn.send(Frame(Kind.AUTH, payload=_tag(secret, b"sender", theirs, mine)))
-    try:
-        ok = _expect(conn, Kind.AUTH_OK)
-    except RemoteError as e:
-        raise AuthenticationError(str(e)) from None
-    if not hmac.compare_digest(bytes(ok.payload), _tag(secret, b"receiver", mine, theirs)):
+def client_handshake(conn: FrameSocket, secret: bytes | None, compat: Compat = Compat()) -> None:
+    """Sender side, announcing ``compat`` (the codecs it will send). Raises
+    IncompatiblePeerError or AuthenticationError with the receiver's reason."""
+    mine, description = os.urandom(NONCE_BYTES), compat.to_json()
+    conn.send(Frame(Kind.HELLO, payload=mine + description))
+    theirs, their_description = _hello(conn)
+    transcript = _transcript(description, their_description)
+    conn.send(Frame(Kind.AUTH, payload=_tag(secret, b"sender", theirs, mine, transcript)))
+    reply = conn.read()
+    if reply.kind == Kind.ERROR:
+        reason = bytes(reply.payload).decode()
+        if reply.ref_kind == Kind.HELLO:
+            raise IncompatiblePeerError(f"the receiver refused this sender: {reason}")
+        raise AuthenticationError(f"peer refused the connection: {reason}")
+    if reply.kind != Kind.AUTH_OK:
+        raise AuthenticationError(f"handshake expected AUTH_OK, got {reply.kind.name}")
+    if not hmac.compare_digest(bytes(reply.payload),
+                               _tag(secret, b"receiver", mine, theirs, transcript)):
         raise AuthenticationError("the receiver did not prove it knows the shared secret")
 
 
-def server_handshake(conn: FrameSocket, secret: bytes | None) -> None:
-    """Receiver side. On failure tells the peer why, then raises AuthenticationError."""
-    theirs = bytes(_expect(conn, Kind.HELLO).payload)
-    mine = os.urandom(NONCE_BYTES)
-    conn.send(Frame(Kind.HELLO, payload=mine))
+def server_handshake(conn: FrameSocket, secret: bytes | None, compat: Compat = Compat()) -> None:
+    """Receiver side, accepting what ``compat`` declares (nothing declared: any codec it can
+    build). On failure tells the peer why, then raises AuthenticationError or
+    IncompatiblePeerError."""
+    theirs, their_description = _hello(conn)
+    mine, description = os.urandom(NONCE_BYTES), compat.to_json()
+    conn.send(Frame(Kind.HELLO, payload=mine + description))
+    transcript = _transcript(their_description, description)
     tag = bytes(_expect(conn, Kind.AUTH).payload)
-    if not hmac.compare_digest(tag, _tag(secret, b"sender", mine, theirs)):
+    if not hmac.compare_digest(tag, _tag(secret, b"sender", mine, theirs, transcript)):
         reason = ("authentication failed: wrong or missing shared secret" if secret else
                   "authentication failed: the receiver has no shared secret configured")
-        conn.send(Frame(Kind.ERROR, payload=reason.encode()))
+        _refuse(conn, Kind.AUTH, reason)
         raise AuthenticationError(reason)
-    conn.send(Frame(Kind.AUTH_OK, payload=_tag(secret, b"receiver", theirs, mine)))
+    try:
+        reason = compat.refusal(Compat.from_json(their_description))
+    except ValueError as e:
+        reason = str(e)
+    if reason is not None:
+        log.warning("refusing an incompatible sender: %s", reason)
+        _refuse(conn, Kind.HELLO, reason)
+        raise IncompatiblePeerError(reason)
+    conn.send(Frame(Kind.AUTH_OK, payload=_tag(secret, b"receiver", theirs, mine, transcript)))
+
+
+def _refuse(conn: FrameSocket, refused: Kind, reason: str) -> None:
+    text = reason.encode("utf-8")[:conn.limits.max_error_bytes].decode("utf-8", "ignore")
+    conn.send(Frame(Kind.ERROR, ref_kind=refused, payload=text.encode("utf-8")))

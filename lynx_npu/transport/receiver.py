@@ -144,7 +144,7 @@ class Receiver:
         acks: list[bytes] = []  # acknowledgements go out in batches (one system call each)
         try:
             conn.sock.settimeout(self.config.handshake_timeout_s)
-            server_handshake(conn, self.config.secret)
+            server_handshake(conn, self.config.secret, self.config.compat)
             conn.sock.settimeout(None)
             poller = select.poll()
             poller.register(conn.sock, select.POLLIN)

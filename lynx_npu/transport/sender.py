@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..codec import EncodedPage
+from ..codec import EncodedPage, wire_params
 from ..wire import (DATA_KINDS, DTYPE_CODES, Frame, Kind, WireError, pack_header,
                     params_to_json)
 from ..wire.limits import DEFAULT_LIMITS
 from .config import SenderConfig
 from .connection import FrameSocket, client_handshake
-from .errors import (AuthenticationError, RemoteError, TransferDeadlineError, TransferError,
+from .errors import (HandshakeError, RemoteError, TransferDeadlineError, TransferError,
                      TransportClosed)
 from .events import StageEvent
 from .rate_limit import TokenBucket
@@ -95,7 +95,7 @@ class _Link:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.send_buffer_bytes)
         conn = FrameSocket(sock, DEFAULT_LIMITS, self.sender.limiter, cfg.chunk_bytes)
         try:
-            client_handshake(conn, cfg.secret)
+            client_handshake(conn, cfg.secret, cfg.compat)
         except BaseException:
             conn.close()
             raise
@@ -124,7 +124,7 @@ class _Link:
             try:
                 self.connect()
                 return True
-            except AuthenticationError as e:
+            except HandshakeError as e:  # refused: retrying cannot help, fail now
                 self.sender._fail_all(e)
                 self.last_error = str(e)
             except (OSError, WireError, TransferError) as e:
@@ -276,9 +276,10 @@ class Sender:
                              f"lynx_npu.get_codec(name)")
         if dtype not in DTYPE_CODES:
             raise ValueError(f"{dtype=} must be one of {list(DTYPE_CODES)}")
+        self.config.compat.check_declared(codec)  # the receiver agreed to these codecs only
         return dict(num_layers=num_layers, num_tokens=int(num_tokens), codec_id=codec.codec_id,
                     dtype=DTYPE_CODES[dtype], num_kv_heads=int(num_kv_heads),
-                    head_dim=int(head_dim), params=params_to_json(codec.params()))
+                    head_dim=int(head_dim), params=params_to_json(wire_params(codec)))
 
     def _submit(self, request_id, meta, layer_pages, deadline_s) -> SendHandle:
         if not isinstance(request_id, int) or not 0 <= request_id < 2**64:

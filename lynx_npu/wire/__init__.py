@@ -1,7 +1,10 @@
-"""lynx_npu.wire: versioned frames for the anchor and residual streams (format v1).
+"""lynx_npu.wire: versioned frames for the anchor and residual streams (frame format v2), and
+the compatibility description peers exchange when they meet (payload format, codec parameters).
 
-See frame.py for the byte layout. Decoding raises only WireError subclasses.
+See frame.py for the byte layout, compat.py for the description. Decoding raises only WireError
+subclasses.
 """
+from .compat import CodecSpec, Compat  # noqa: F401
 from .crc import crc32c  # noqa: F401
 from .errors import (ChecksumError, FrameFieldError, TruncatedFrameError,  # noqa: F401
                      UnknownCodecError, UnsupportedVersionError, WireError)

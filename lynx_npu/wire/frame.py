@@ -1,8 +1,8 @@
-"""Frame format v1: a fixed 58-byte little-endian header, the codec parameters, the payload.
+"""Frame format v2: a fixed 58-byte little-endian header, the codec parameters, the payload.
 
     offset size field          meaning
     0      4    magic          b"LYNX"
-    4      1    version        1
+    4      1    version        2
     5      1    kind           Kind (ANCHOR / RESIDUAL data; HELLO AUTH AUTH_OK ACK NACK ERROR)
     6      2    flags          0 (reserved)
     8      8    request_id     u64, chosen by the sender
@@ -14,16 +14,23 @@
     32     4    num_tokens     u32, tokens in the request (>= token_end)
     36     2    codec_id       u16, lynx_npu.codec.CODEC_IDS
     38     1    dtype          DTYPE_CODES: 1 float16, 2 bfloat16, 3 float32 (the KV dtype)
-    39     1    ref_kind       ACK/NACK: the stream kind acknowledged; else 0
+    39     1    ref_kind       ACK/NACK: the stream kind acknowledged; ERROR: the handshake
+                               frame refused (HELLO: incompatible, AUTH: authentication) or 0
     40     2    num_kv_heads   u16
     42     2    head_dim       u16
     44     2    params_len     u16, bytes of canonical JSON that follow the header
     46     4    payload_len    u32, bytes of payload after the parameters
     50     4    payload_crc    CRC32C of the payload
     54     4    header_crc     CRC32C of bytes 0..53 and the parameters
-    58     params_len          codec.params() as canonical JSON (sorted keys, no spaces, ASCII)
-    ..     payload_len         the page's anchor or residual bytes (EncodedPage.anchor/.residual)
+    58     params_len          codec.wire_params() as canonical JSON (sorted keys, no spaces,
+                               ASCII): the payload format and every codec parameter
+    ..     payload_len         the page's anchor or residual bytes (EncodedPage.anchor/.residual);
+                               HELLO: a 32-byte nonce, then the peer's compatibility
+                               description (wire/compat.py)
 
+Version 2 (from 1): HELLO carries the compatibility description after its nonce, ERROR may
+name the refused handshake frame in ref_kind, and data frames' parameters carry
+"payload_format" and every parameter (codec/registry.py). The header layout is unchanged.
 Two CRCs instead of one so that a corrupt payload (header intact: NACK, re-request that frame)
 is told apart from a corrupt header (lengths cannot be trusted: drop the connection); the
 header CRC covers payload_crc, so together they cover header + payload. Fields a kind does not
@@ -48,7 +55,7 @@ from .errors import (ChecksumError, FrameFieldError, TruncatedFrameError, Unknow
 from .limits import DEFAULT_LIMITS, WireLimits
 
 MAGIC = b"LYNX"
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct("<4sBBHQHHIIIIHBBHHHIII")
 HEADER_SIZE = HEADER.size  # 58
 _CRC_COVERED = HEADER_SIZE - 4
@@ -58,12 +65,13 @@ NONCE_BYTES = 32  # HELLO nonces and AUTH / AUTH_OK HMAC-SHA256 tags
 class Kind(enum.IntEnum):
     ANCHOR = 1     # data: the anchor stream of one page of one layer
     RESIDUAL = 2   # data: the residual stream of one page of one layer
-    HELLO = 16     # handshake: a 32-byte random nonce, each side
-    AUTH = 17      # handshake, sender: HMAC-SHA256 over both nonces (empty without a secret)
+    HELLO = 16     # handshake: a 32-byte random nonce + compatibility description, each side
+    AUTH = 17      # handshake, sender: HMAC-SHA256 over both HELLOs (empty without a secret)
     AUTH_OK = 18   # handshake, receiver: its own HMAC (empty without a secret)
     ACK = 32       # (request_id, ref_kind, layer, page) received intact
     NACK = 33      # that frame's payload failed its CRC: send it again
-    ERROR = 48     # request_id failed (0: the whole connection); payload: UTF-8 reason
+    ERROR = 48     # request_id failed (0: the whole connection); payload: UTF-8 reason;
+                   # ref_kind: the handshake frame refused (HELLO or AUTH), else 0
 
 
 DATA_KINDS = (Kind.ANCHOR, Kind.RESIDUAL)
@@ -257,19 +265,26 @@ def _check_fields(f: Frame, params_len: int, payload_len: int, limits: WireLimit
         if f.ref_kind not in (Kind.ANCHOR, Kind.RESIDUAL):
             raise bad("ref_kind", f"{f.kind.name} must name a stream kind (1 or 2), "
                                   f"got {f.ref_kind}")
-        expected = (0,)
-    elif f.kind == Kind.HELLO:
-        expected = (NONCE_BYTES,)
-    elif f.kind in (Kind.AUTH, Kind.AUTH_OK):
-        expected = (0, NONCE_BYTES)
-    else:  # ERROR
+    elif f.kind == Kind.ERROR:
+        if f.ref_kind not in (0, Kind.HELLO, Kind.AUTH):
+            raise bad("ref_kind", f"ERROR must name the refused handshake frame (HELLO 16 or "
+                                  f"AUTH 17) or none (0), got {f.ref_kind}")
+    elif f.ref_kind != 0:
+        raise bad("ref_kind", f"must be 0 on a {f.kind.name} frame, got {f.ref_kind}")
+    if f.kind == Kind.HELLO:
+        if not NONCE_BYTES < payload_len <= NONCE_BYTES + limits.max_compat_bytes:
+            raise bad("payload_len", f"HELLO payload must be a {NONCE_BYTES}-byte nonce and a "
+                                     f"compatibility description of 1 to "
+                                     f"{limits.max_compat_bytes} bytes, got {payload_len} bytes")
+    elif f.kind == Kind.ERROR:
         if payload_len > limits.max_error_bytes:
             raise bad("payload_len", f"ERROR text of {payload_len} bytes exceeds "
                                      f"{limits.max_error_bytes}")
-        return
-    if payload_len not in expected:
-        raise bad("payload_len", f"{f.kind.name} payload must be {' or '.join(map(str, expected))}"
-                                 f" bytes, got {payload_len}")
+    else:
+        expected = (0,) if f.kind in (Kind.ACK, Kind.NACK) else (0, NONCE_BYTES)  # AUTH(_OK)
+        if payload_len not in expected:
+            raise bad("payload_len", f"{f.kind.name} payload must be "
+                                     f"{' or '.join(map(str, expected))} bytes, got {payload_len}")
 
 
 class BufferReader:

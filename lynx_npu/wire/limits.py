@@ -10,14 +10,16 @@ class WireLimits:
                                         # 128 heads x 128 dims is 32 MiB
     max_params_bytes: int = 1024        # canonical JSON of codec.params()
     max_error_bytes: int = 1024         # UTF-8 text of an ERROR frame
+    max_compat_bytes: int = 4096        # a HELLO's compatibility description (wire/compat.py)
     max_layers: int = 4096
     max_tokens: int = 1 << 22           # tokens of one request
     max_kv_heads: int = 1024
     max_head_dim: int = 1024
 
     def __post_init__(self):
-        for name in ("max_payload_bytes", "max_params_bytes", "max_error_bytes", "max_layers",
-                     "max_tokens", "max_kv_heads", "max_head_dim"):
+        for name in ("max_payload_bytes", "max_params_bytes", "max_error_bytes",
+                     "max_compat_bytes", "max_layers", "max_tokens", "max_kv_heads",
+                     "max_head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive int")
@@ -29,7 +31,7 @@ class WireLimits:
         for name in ("max_kv_heads", "max_head_dim"):
             if getattr(self, name) > 0xFFFF:
                 raise ValueError(f"{name}={getattr(self, name)} must be <= 65535 (u16 field)")
-        for name in ("max_payload_bytes", "max_tokens", "max_error_bytes"):
+        for name in ("max_payload_bytes", "max_tokens", "max_error_bytes", "max_compat_bytes"):
             if getattr(self, name) > 0xFFFFFFFF:
                 raise ValueError(f"{name}={getattr(self, name)} must be < 2**32 (u32 field)")
 

@@ -8,7 +8,7 @@ from lynx_npu.codec import cachegen  # noqa: F401  (registers "cachegen")
 from lynx_npu.codec.cachegen import CacheGenConfig
 from lynx_npu.codec.cachegen_coder import (FREQ_TOTAL, cdf_table, decode_symbols,
                                            encode_symbols, table_frequencies)
-from lynx_npu.codec.registry import codec_from_wire
+from lynx_npu.codec.registry import codec_from_wire, wire_params
 
 RAGGED = [1, 31, 33, 255, 257, 1000]
 
@@ -140,7 +140,7 @@ def test_deterministic_and_rebuilt_from_the_wire():
     k, v = laplace_kv(257)
     a, b = c.encode(k, v), c.encode(k, v)
     assert all(torch.equal(x, y) for x, y in zip(a.pages, b.pages))
-    other = codec_from_wire(c.codec_id, c.params())
+    other = codec_from_wire(c.codec_id, wire_params(c))
     assert other.params() == c.params()
     assert all(torch.equal(x, y) for x, y in zip(c.decode(a), other.decode(a)))
 

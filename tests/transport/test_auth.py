@@ -5,7 +5,7 @@ import pytest
 
 from lynx_npu.transport import AuthenticationError, Receiver, ReceiverConfig, Sender, SenderConfig
 from lynx_npu.transport.connection import FrameSocket
-from lynx_npu.wire import DEFAULT_LIMITS, Frame, Kind
+from lynx_npu.wire import DEFAULT_LIMITS, Compat, Frame, Kind
 
 from .helpers import assert_kv_equal, expected_kv, make_layers, small_codec
 
@@ -38,11 +38,12 @@ def test_unauthenticated_peer_cannot_send_data():
     with Receiver(ReceiverConfig(secret=SECRET, handshake_timeout_s=2)) as r:
         sock = socket.create_connection(("127.0.0.1", r.port), timeout=10)
         conn = FrameSocket(sock, DEFAULT_LIMITS)
-        conn.send(Frame(Kind.HELLO, payload=bytes(32)))
+        conn.send(Frame(Kind.HELLO, payload=bytes(32) + Compat().to_json()))
         conn.read()  # the receiver's HELLO
         conn.send(Frame(Kind.AUTH, payload=bytes(32)))  # a guessed tag
         reply = conn.read()
-        assert reply.kind == Kind.ERROR and b"authentication failed" in bytes(reply.payload)
+        assert (reply.kind, reply.ref_kind) == (Kind.ERROR, Kind.AUTH)
+        assert b"authentication failed" in bytes(reply.payload)
         assert sock.recv(1) == b""  # then closed
         conn.close()
     assert not r._requests

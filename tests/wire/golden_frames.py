@@ -1,13 +1,20 @@
-"""The frames frozen as format v1 golden bytes (tests/wire/golden/*.bin).
+"""The frames frozen as frame format v2 golden bytes (tests/wire/golden/*.bin).
 
-Parameters are literal dicts, not codec.params(): the fixtures freeze the frame format, and
-must not move when a codec's defaults do. Regenerate only for a new format version.
+Parameters are literal dicts, not codec.params(): these fixtures freeze the frame format and
+must not move when a codec's defaults do (golden_payloads.py freezes real codec output).
+They are still complete payload-format-2 parameter sets (test_golden checks that they build).
+Regenerate only for a new frame format version. golden/v1_hello.bin is the first frame a
+format-1 peer sends, kept to check that it is refused by name.
 """
-from lynx_npu.wire import Frame, Kind, params_to_json
+from lynx_npu.wire import CodecSpec, Compat, Frame, Kind, params_to_json
 
-LYNX_PARAMS = {"alpha_k": 3.0, "alpha_v": 3.0, "anchor_bits": 4, "chunk_size": 32,
-               "k_axis": "channel", "num_sink_tokens": 4, "page_size": 256, "v_axis": "token"}
+LYNX_PARAMS = {"alpha_k": 3.0, "alpha_v": 3.0, "anchor_bits": 4, "center": "midrange",
+               "chunk_size": 32, "k_axis": "channel", "num_sink_tokens": 4, "page_size": 256,
+               "payload_format": 2, "scalar_preview": True, "v_axis": "token"}
+INT8_PARAMS = {"page_size": 256, "payload_format": 2}
 RID = 0x0123456789ABCDEF
+SENDER = Compat(2, (CodecSpec("lynx", params_to_json(LYNX_PARAMS)),
+                    CodecSpec("int8", params_to_json(INT8_PARAMS))))
 
 
 def _payload(n: int, mult: int) -> bytes:
@@ -25,11 +32,15 @@ FRAMES: dict[str, Frame] = {
                            params=params_to_json(LYNX_PARAMS), payload=_payload(64, 13)),
     "anchor_int8_fp16": Frame(Kind.ANCHOR, 5, layer=0, num_layers=1, page=0, token_start=0,
                               token_end=7, num_tokens=7, codec_id=2, dtype=1, num_kv_heads=2,
-                              head_dim=4, params=b"{}", payload=_payload(72, 3)),
-    "hello": Frame(Kind.HELLO, payload=bytes(range(32))),
+                              head_dim=4, params=params_to_json(INT8_PARAMS),
+                              payload=_payload(72, 3)),
+    "hello_sender": Frame(Kind.HELLO, payload=bytes(range(32)) + SENDER.to_json()),
+    "hello_receiver": Frame(Kind.HELLO, payload=bytes(range(32, 64)) + Compat(2).to_json()),
     "auth_hmac": Frame(Kind.AUTH, payload=bytes(range(100, 132))),
     "auth_ok_empty": Frame(Kind.AUTH_OK),
     "ack": Frame(Kind.ACK, RID, layer=3, page=2, ref_kind=Kind.ANCHOR),
     "nack": Frame(Kind.NACK, 42, layer=1, page=9, ref_kind=Kind.RESIDUAL),
     "error": Frame(Kind.ERROR, 42, payload="request 42: deadline of 5.0 s passed".encode()),
+    "error_incompatible": Frame(Kind.ERROR, ref_kind=Kind.HELLO, payload=(
+        "payload format differs: the sender's is 3, the receiver's 2").encode()),
 }

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import lynx_npu
-from lynx_npu.wire import (HEADER_SIZE, ChecksumError, Frame, FrameFieldError, Kind,
-                           TruncatedFrameError, UnknownCodecError, UnsupportedVersionError,
+from lynx_npu.codec import codec_from_wire, wire_params
+from lynx_npu.wire import (HEADER_SIZE, NONCE_BYTES, ChecksumError, Frame, FrameFieldError,
+                           Kind, TruncatedFrameError, UnknownCodecError, UnsupportedVersionError,
                            WireError, WireLimits, crc32c, decode_frame, encode_frame,
                            params_from_json, params_to_json)
 
@@ -33,16 +34,18 @@ def test_round_trip_real_codec_page():
     k = torch.randn(2, 300, 16, dtype=torch.bfloat16)
     page = codec.encode_pages(k, -k)[1]
     frame = Frame(Kind.RESIDUAL, 1, 0, 1, page.index, page.token_start, page.token_end, 300,
-                  codec.codec_id, 2, 0, 2, 16, params_to_json(codec.params()),
+                  codec.codec_id, 2, 0, 2, 16, params_to_json(wire_params(codec)),
                   memoryview(page.residual.numpy()))
     back = decode_frame(encode_frame(frame))
     assert bytes(back.payload) == page.residual.numpy().tobytes()
-    assert back.key == (1, Kind.RESIDUAL, 0, page.index) and back.params_dict() == codec.params()
+    assert back.key == (1, Kind.RESIDUAL, 0, page.index)
+    assert codec_from_wire(back.codec_id, back.params_dict()).params() == codec.params()
 
 
 @pytest.mark.parametrize("offset,fmt,value,field,exc", [
     (0, "4s", b"LYNY", "magic", FrameFieldError),
-    (4, "B", 2, "version", UnsupportedVersionError),
+    (4, "B", 3, "version", UnsupportedVersionError),
+    (4, "B", 1, "version", UnsupportedVersionError),
     (5, "B", 3, "kind", FrameFieldError),
     (6, "H", 1, "flags", FrameFieldError),
     (36, "H", 77, "codec_id", UnknownCodecError),
@@ -111,14 +114,32 @@ def test_truncated_and_trailing():
 
 
 def test_control_payload_sizes():
-    with pytest.raises(FrameFieldError, match="HELLO payload must be 32"):
-        decode_frame(encode_frame(Frame(Kind.HELLO, payload=b"short")))
+    for payload in (b"short", bytes(NONCE_BYTES), bytes(NONCE_BYTES + 4097)):
+        with pytest.raises(FrameFieldError, match="HELLO payload must be a 32-byte nonce"):
+            decode_frame(encode_frame(Frame(Kind.HELLO, payload=payload)))
+    hello = Frame(Kind.HELLO, payload=bytes(NONCE_BYTES) + b"{}")
+    assert bytes(decode_frame(encode_frame(hello)).payload) == bytes(hello.payload)
     with pytest.raises(FrameFieldError, match="ref_kind"):
         decode_frame(encode_frame(Frame(Kind.ACK, 1, ref_kind=0)))
     with pytest.raises(FrameFieldError, match="ERROR text"):
         decode_frame(encode_frame(Frame(Kind.ERROR, payload=b"x" * 2000)))
     with pytest.raises(FrameFieldError, match="UTF-8"):
         decode_frame(encode_frame(Frame(Kind.ERROR, payload=b"\xff\xfe")))
+
+
+@pytest.mark.parametrize("kind,ref_kind,ok", [
+    (Kind.ERROR, 0, True), (Kind.ERROR, Kind.HELLO, True), (Kind.ERROR, Kind.AUTH, True),
+    (Kind.ERROR, Kind.ANCHOR, False), (Kind.ERROR, Kind.AUTH_OK, False),
+    (Kind.AUTH, Kind.HELLO, False), (Kind.AUTH_OK, 1, False),
+])
+def test_ref_kind_of_control_frames(kind, ref_kind, ok):
+    """ERROR may name the handshake frame it refuses; other control frames carry none."""
+    raw = encode_frame(Frame(kind, ref_kind=ref_kind, payload=b""))
+    if ok:
+        assert decode_frame(raw).ref_kind == ref_kind
+    else:
+        with pytest.raises(FrameFieldError, match="ref_kind"):
+            decode_frame(raw)
 
 
 @pytest.mark.parametrize("raw,match", [

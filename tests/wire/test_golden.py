@@ -1,12 +1,15 @@
-"""Format v1 is frozen: today's encoder must produce the golden bytes, the decoder must read
-them back to the same frames. A failure here means the wire format changed (bump VERSION)."""
+"""Frame format v2 is frozen: today's encoder must produce the golden bytes, the decoder must
+read them back to the same frames. A failure here means the frame format changed (bump
+VERSION and regenerate with tests/wire/make_golden.py --force)."""
 import pathlib
 
 import pytest
 
-from lynx_npu.wire import HEADER_SIZE, decode_frame, encode_frame
+from lynx_npu.codec import codec_from_wire
+from lynx_npu.wire import (HEADER_SIZE, NONCE_BYTES, Compat, UnsupportedVersionError,
+                           decode_frame, encode_frame)
 
-from .golden_frames import FRAMES
+from .golden_frames import FRAMES, INT8_PARAMS, LYNX_PARAMS, SENDER
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 
@@ -28,7 +31,7 @@ def test_header_layout_by_hand():
     """Spot-check offsets against the table in frame.py, independently of the struct."""
     raw = (GOLDEN / "anchor_lynx.bin").read_bytes()
     le = lambda a, b: int.from_bytes(raw[a:b], "little")  # noqa: E731
-    assert raw[:4] == b"LYNX" and raw[4] == 1 and raw[5] == 1  # magic, version, ANCHOR
+    assert raw[:4] == b"LYNX" and raw[4] == 2 and raw[5] == 1  # magic, version, ANCHOR
     assert le(8, 16) == 0x0123456789ABCDEF
     assert (le(16, 18), le(18, 20), le(20, 24)) == (3, 30, 2)          # layer, layers, page
     assert (le(24, 28), le(28, 32), le(32, 36)) == (516, 772, 8192)   # token range, total
@@ -36,4 +39,31 @@ def test_header_layout_by_hand():
     assert (le(40, 42), le(42, 44)) == (3, 64)
     params_len, payload_len = le(44, 46), le(46, 50)
     assert HEADER_SIZE == 58 and len(raw) == HEADER_SIZE + params_len + payload_len
-    assert raw[HEADER_SIZE:HEADER_SIZE + params_len].startswith(b'{"alpha_k":3.0,')
+    params = raw[HEADER_SIZE:HEADER_SIZE + params_len]
+    assert params.startswith(b'{"alpha_k":3.0,') and b'"payload_format":2,' in params
+
+
+def test_hello_and_error_layout_by_hand():
+    raw = (GOLDEN / "hello_sender.bin").read_bytes()
+    assert raw[5] == 16 and int.from_bytes(raw[44:46], "little") == 0  # HELLO, no params
+    payload = raw[HEADER_SIZE:]
+    assert payload[:NONCE_BYTES] == bytes(range(32))
+    assert Compat.from_json(payload[NONCE_BYTES:]) == SENDER
+    assert payload[NONCE_BYTES:].startswith(b'{"codecs":[["lynx",{"alpha_k":3.0,')
+    raw = (GOLDEN / "error_incompatible.bin").read_bytes()
+    assert (raw[5], raw[39]) == (48, 16)  # ERROR, ref_kind HELLO: refused as incompatible
+
+
+def test_literal_parameters_are_complete_payload_format_2_sets():
+    assert codec_from_wire(9, LYNX_PARAMS).params()["alpha_k"] == 3.0
+    assert codec_from_wire(2, INT8_PARAMS).params() == {"page_size": 256}
+
+
+def test_a_format_1_peer_is_refused_by_version():
+    """The first frame a format-1 peer sends (kept from before the bump) is refused, naming
+    both versions, before anything else of it is read."""
+    raw = (GOLDEN / "v1_hello.bin").read_bytes()
+    assert raw[4] == 1
+    with pytest.raises(UnsupportedVersionError, match="format version 1 is not supported "
+                                                      r"\(this decoder reads version 2\)"):
+        decode_frame(raw)
