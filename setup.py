@@ -1,7 +1,10 @@
 """lynx_npu: split-stream (anchor + residual) KV-cache transfer for disaggregated inference.
 
-`gpu/` and `integration/` live at the top of the repository (design card) but install as
-`lynx_npu.gpu` and `lynx_npu.integration`, so no generic top-level module leaks.
+`gpu/`, `integration/` and `ascend_c/` live at the top of the repository (design card) but
+install as `lynx_npu.gpu`, `lynx_npu.integration` and `lynx_npu/ascend_c/`, so no generic
+top-level name leaks into site-packages. The kernel sources the package compiles on first use
+(the CPU kernel, the Ascend C host build) and the Ascend C NPU build's sources ship as package
+data, so a wheel builds them like a checkout does; MANIFEST.in puts the same files in the sdist.
 """
 from setuptools import setup
 
@@ -17,6 +20,15 @@ PACKAGES = {
     "lynx_npu.integration": "integration",
     "lynx_npu.integration.vllm_ascend": "integration/vllm_ascend",
     "lynx_npu.integration.vllm_ascend.tools": "integration/vllm_ascend/tools",
+    # the C++ sources as package data (and parity_report.py: python -m lynx_npu.ascend_c.parity_report)
+    "lynx_npu.ascend_c": "ascend_c",
+}
+PACKAGE_DATA = {
+    "lynx_npu.ops": ["cpu/*.cpp", "cpu/*.h"],  # JIT-built by lynx_npu/ops/cpu_backend.py
+    # kernels + host emulation (lynx_npu/ops/ascend_c_host.py), the CANN build (build_npu.sh)
+    "lynx_npu.ascend_c": ["CMakeLists.txt", "build_npu.sh", "README.md",
+                          *(f"{d}/*.{ext}" for d in ("kernels", "host", "host_emu")
+                            for ext in ("cpp", "h"))],
 }
 
 setup(
@@ -26,6 +38,7 @@ setup(
     python_requires=">=3.10",
     packages=list(PACKAGES),
     package_dir=PACKAGES,
+    package_data=PACKAGE_DATA,
     # torch is deliberately a range 2.13.0 satisfies: an unpinned torch pulls a CUDA build.
     install_requires=["torch>=2.4,<=2.14.1", "numpy", "crc32c>=2.3"],
     extras_require={

@@ -1,7 +1,8 @@
 """The Ascend C Lynx kernels run on the CPU through their g++ host build (no NPU involved).
 
 ``ascend_c/host_emu`` implements the subset of the Ascend C API the kernels in
-``ascend_c/kernels`` use; g++ compiles kernels + emulation into a shared library on first use
+``ascend_c/kernels`` use (:data:`ASCEND_C_DIR`: the checkout's ``ascend_c/``, or
+``lynx_npu/ascend_c`` in an installed wheel); g++ compiles kernels + emulation into a shared library on first use
 (cached by source hash under ``$LYNX_ASCEND_C_CACHE`` or ``~/.cache/lynx_npu/ascend_c_host``),
 and this module calls it through ctypes. The buffers are the wire format v1 bytes of
 :class:`lynx_npu.codec.lynx.LynxCodec` (``EncodedLynx.anchor`` / ``.residual``: every page's
@@ -29,7 +30,18 @@ from ..codec import lynx_tables
 from ..codec.base import validate_kv
 from ..codec.lynx_config import LynxConfig, make_config
 
-ASCEND_C_DIR = pathlib.Path(__file__).resolve().parents[2] / "ascend_c"
+
+def _ascend_c_dir() -> pathlib.Path:
+    """The ascend_c/ sources: lynx_npu/ascend_c in an installed wheel (package data, setup.py),
+    else the checkout's top-level ascend_c/ (a source tree or an editable install)."""
+    package = pathlib.Path(__file__).resolve().parents[1]
+    for root in (package / "ascend_c", package.parent / "ascend_c"):
+        if (root / "kernels").is_dir():
+            return root
+    return package / "ascend_c"  # neither: _sources() says so
+
+
+ASCEND_C_DIR = _ascend_c_dir()
 TABLE_SIZE = 128          # LYNX_TABLE_SIZE in ascend_c/kernels/lynx_tiling.h
 DEFAULT_BLOCK_DIM = 8     # emulated AI Vector cores (an Atlas 800I A2 910B has 40 / 48)
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
@@ -48,8 +60,8 @@ class AscendCHostError(RuntimeError):
 
 def _sources() -> list[pathlib.Path]:
     if not ASCEND_C_DIR.is_dir():
-        raise AscendCHostError(f"Ascend C sources not found at {ASCEND_C_DIR} (the host build "
-                               "needs the repository checkout, e.g. an editable install)")
+        raise AscendCHostError(f"Ascend C sources not found at {ASCEND_C_DIR} (an install "
+                               "without lynx_npu's package data)")
     return sorted(p for sub in ("kernels", "host", "host_emu") for p in (ASCEND_C_DIR / sub).iterdir()
                   if p.suffix in (".h", ".cpp"))
 
@@ -357,6 +369,8 @@ class AscendCBackend:
         self._kernels = kernels
 
     def supports(self, cfg: LynxConfig, num_kv_heads: int, head_dim: int, dtype) -> str | None:
+        if cfg.center not in _CENTERS:
+            return f"center={cfg.center!r} (the kernels implement {', '.join(_CENTERS)})"
         # the largest page (sinks + a full body page) bounds the tiling's Unified Buffer plan
         return self._kernels.check(cfg, num_kv_heads, cfg.num_sink_tokens + cfg.page_size, head_dim, dtype)
 
@@ -472,7 +486,8 @@ def npu_backend() -> AscendCBackend:
     """The CANN-built kernels as the ``ascend_c`` ops backend for NPU tensors.
 
     Raises BackendUnavailable (with the reason) without torch_npu or without the built operator
-    library: ``$LYNX_ASCEND_OPS_LIB``, else ``ascend_c/out/liblynx_ascend_ops.so``.
+    library: ``$LYNX_ASCEND_OPS_LIB``, else ``ascend_c/out/liblynx_ascend_ops.so`` (under
+    :data:`ASCEND_C_DIR`, where ``build_npu.sh`` puts it).
     """
     import importlib.util
 
@@ -483,7 +498,8 @@ def npu_backend() -> AscendCBackend:
     lib = os.environ.get("LYNX_ASCEND_OPS_LIB") or str(ASCEND_C_DIR / "out" / "liblynx_ascend_ops.so")
     if not os.path.exists(lib):
         raise BackendUnavailable(f"the Ascend C Lynx op library {lib} is not built: run "
-                                 "ascend_c/build_npu.sh with CANN, or set LYNX_ASCEND_OPS_LIB")
+                                 f"{ASCEND_C_DIR / 'build_npu.sh'} with CANN, or set "
+                                 "LYNX_ASCEND_OPS_LIB")
     import torch_npu  # noqa: F401  (registers the NPU device before the op library loads)
 
     return AscendCBackend(_NpuKernels(lib))

@@ -13,7 +13,8 @@ backend is missing or does not support the configuration; an explicit choice tha
 raises :class:`BackendUnavailable` with the reason.
 
 A backend is a module-like object with ``supports(cfg, num_kv_heads, head_dim, dtype)``
-(None, or the reason it cannot run), ``compress(k, v, plan, out_anchor, out_residual)`` and
+(None, or the reason it cannot run: each backend declares what it implements, chunk centres
+included; nothing here keeps a table of it), ``compress(k, v, plan, out_anchor, out_residual)`` and
 ``decompress(anchor, residual, plan, dest)`` (see ops/api.py for ``dest``).
 """
 from __future__ import annotations
@@ -107,20 +108,6 @@ def _requested(backend: str | Backend | None) -> str:
     return name
 
 
-# Chunk centres each compiled backend implements (the torch reference runs every one; a
-# backend not listed implements only the mean). Other inputs run on the reference.
-KERNEL_CENTERS = {"cpu": ("mean", "midrange"), "triton": ("mean", "midrange"),
-                  "ascend_c": ("mean", "midrange")}
-
-
-def _supports(name: str, impl, cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
-    centers = KERNEL_CENTERS.get(name, ("mean",))
-    if name != "torch" and getattr(cfg, "center", "mean") not in centers:
-        return (f"center={cfg.center!r} is not implemented by the {name} kernels yet "
-                f"(they implement {centers}); the torch reference runs it")
-    return impl.supports(cfg, num_kv_heads, head_dim, dtype)
-
-
 def select(device, backend: str | Backend | None, cfg, num_kv_heads: int, head_dim: int,
            dtype) -> tuple[str, object]:
     """-> (name, implementation) for tensors on ``device``."""
@@ -134,13 +121,13 @@ def select(device, backend: str | Backend | None, cfg, num_kv_heads: int, head_d
         impl = e.load()
         if impl is None:
             raise BackendUnavailable(f"backend {name!r} is not available: {e.error}")
-        why = _supports(name, impl, cfg, num_kv_heads, head_dim, dtype)
+        why = impl.supports(cfg, num_kv_heads, head_dim, dtype)
         if why:
             raise BackendUnavailable(f"backend {name!r} cannot run this input: {why}")
         return name, impl
     default = DEVICE_DEFAULT.get(dev)
     if default is not None:
         impl = _REGISTRY[default].load()
-        if impl is not None and not _supports(default, impl, cfg, num_kv_heads, head_dim, dtype):
+        if impl is not None and not impl.supports(cfg, num_kv_heads, head_dim, dtype):
             return default, impl
     return "torch", _REGISTRY["torch"].load()
