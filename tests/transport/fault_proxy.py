@@ -1,6 +1,6 @@
 """A fault-injecting TCP proxy on loopback, between a Sender and a Receiver.
 
-It cuts the sender->receiver byte stream at frame boundaries (reading the v1 header's length
+It cuts the sender->receiver byte stream at frame boundaries (reading the frame header's length
 fields) and applies, per data frame, an action chosen by ``plan(conn_no, frame_no, kind)``:
 
     pass             forward the frame
