@@ -164,8 +164,8 @@ def test_installed_wheel_builds_and_runs_the_kernels(built, tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / "bin" / "python"
-    site = pathlib.Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
-                        .stdout.strip())
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = pathlib.Path(_run([python, "-c", purelib]).stdout.strip())
     assert site.is_relative_to(venv) and sysconfig.get_path("purelib") != str(site)
     deps = _closure(_requirements(wheel))
     assert {"torch", "numpy", "crc32c"} <= set(deps)

@@ -2,11 +2,11 @@
 
 ``ascend_c/host_emu`` implements the subset of the Ascend C API the kernels in
 ``ascend_c/kernels`` use (:data:`ASCEND_C_DIR`: the checkout's ``ascend_c/``, or
-``lynx_npu/ascend_c`` in an installed wheel); g++ compiles kernels + emulation into a shared library on first use
-(cached by source hash under ``$LYNX_ASCEND_C_CACHE`` or ``~/.cache/lynx_npu/ascend_c_host``),
-and this module calls it through ctypes. The buffers are the wire format v1 bytes of
-:class:`lynx_npu.codec.lynx.LynxCodec` (``EncodedLynx.anchor`` / ``.residual``: every page's
-buffer back to back).
+``lynx_npu/ascend_c`` in an installed wheel); g++ compiles kernels + emulation into a shared
+library on first use (cached by source hash under ``$LYNX_ASCEND_C_CACHE`` or
+``~/.cache/lynx_npu/ascend_c_host``), and this module calls it through ctypes. The buffers
+are the wire format v1 bytes of :class:`lynx_npu.codec.lynx.LynxCodec` (``EncodedLynx.anchor``
+/ ``.residual``: every page's buffer back to back).
 
 This is how CI checks the kernels against the reference codec. It is not hardware validation:
 the NPU path (CANN build, torch_npu op) has not run on an Atlas device here. It is also slow
