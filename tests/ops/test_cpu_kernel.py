@@ -1,5 +1,6 @@
-"""The ``cpu`` backend (JIT-built C++ kernel) against the reference codec, under every ISA
-build this CPU runs (``LYNX_CPU_ISA``: native, avx512, avx2, scalar; see cpu_backend.py).
+"""The ``cpu`` backend (JIT-built C++ kernel) against the reference codec, under each ISA build
+this CPU runs (``LYNX_CPU_ISA``, cpu_backend.py): native, avx2 and scalar in every check, a
+forced avx512 build once.
 
 Bytes: equal to the reference for every size, split, axis, chunk centre, sink count and dtype.
 Values: decompression of reference streams equals the reference decoder bit for bit, dense,
