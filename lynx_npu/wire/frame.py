@@ -22,8 +22,9 @@
     46     4    payload_len    u32, bytes of payload after the parameters
     50     4    payload_crc    CRC32C of the payload
     54     4    header_crc     CRC32C of bytes 0..53 and the parameters
-    58     params_len          codec.wire_params() as canonical JSON (sorted keys, no spaces,
-                               ASCII): the payload format and every codec parameter
+    58     params_len          data frames: lynx_npu.codec.wire_params(codec) as canonical
+                               JSON (sorted keys, no spaces, ASCII): the payload format
+                               and every codec parameter; control frames: none
     ..     payload_len         the page's anchor or residual bytes (EncodedPage.anchor/.residual);
                                HELLO: a 32-byte nonce, then the peer's compatibility
                                description (wire/compat.py)
@@ -31,10 +32,11 @@
 Version 2 (from 1): HELLO carries the compatibility description after its nonce, ERROR may
 name the refused handshake frame in ref_kind, and data frames' parameters carry
 "payload_format" and every parameter (codec/registry.py). The header layout is unchanged.
+
 Two CRCs instead of one so that a corrupt payload (header intact: NACK, re-request that frame)
 is told apart from a corrupt header (lengths cannot be trusted: drop the connection); the
 header CRC covers payload_crc, so together they cover header + payload. Fields a kind does not
-use are sent as 0 and ignored. Nothing here unpickles; every length is checked against
+use are sent as 0 (ref_kind is checked, the others ignored). Nothing here unpickles; every length is checked against
 WireLimits before the bytes it announces are read.
 """
 from __future__ import annotations
