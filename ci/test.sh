@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# The README's test command: install, then run the whole suite (unit, integration, e2e).
+# The README's test command: install, then run the whole suite (unit, integration, e2e) on the
+# main environment (vLLM 0.32.0), then the vLLM plug-in's tests (tests/integration/vllm_ascend:
+# the unit tests, the vllm.LLM end-to-end tests and the OpenAI servers + proxy test) again on
+# the second environment, vLLM 0.23.0 (ci/install.sh). Arguments go to the main run only.
+# Fails if either run fails.
+#   LYNX_VLLM023=0  skip the vLLM 0.23.0 run (and its install); LYNX_SKIP_VLLM=1 skips it too
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/install.sh
 export TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-python -m pytest -q -rs "$@"
+status=0
+python -m pytest -q -rs "$@" || status=$?
+if [ "${LYNX_SKIP_VLLM:-0}" != 1 ] && [ "${LYNX_VLLM023:-1}" = 1 ]; then
+  venv="${LYNX_VLLM023_VENV:-.venv-vllm023}"
+  echo "== vLLM 0.23.0 ($venv): tests/integration/vllm_ascend"
+  "$venv/bin/python" -m pytest -q -rs tests/integration/vllm_ascend || status=$?
+fi
+exit $status

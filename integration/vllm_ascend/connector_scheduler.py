@@ -16,7 +16,7 @@ from .config import LynxConnectorConfig, TransferParams
 from .decode_state import LynxDecodeRequest, new_decode_request
 from .messages import LoadJob, LynxConnectorMeta, LynxWorkerMeta, SaveJob
 from .stats import LynxStats
-from .vllm_compat import get_logger
+from .vllm_compat import RequestBlocks, failed_recving, get_logger
 
 log = get_logger(__name__)
 
@@ -33,12 +33,13 @@ def _params(request) -> TransferParams | None:
 class ConnectorScheduler:
     def __init__(self, config: LynxConnectorConfig, world_size: int):
         self.config, self.world_size = config, world_size
-        self.kv_cache_manager = None
+        self.blocks = RequestBlocks()  # block ids of each request (producer)
         # producer
         self._to_save: dict[str, tuple[object, TransferParams]] = {}
         # consumer
         self.decode: dict[str, LynxDecodeRequest] = {}
         self._loads: list[LoadJob] = []
+        self._load_blocks: dict[str, tuple[int, ...]] = {}  # blocks of each requested load
         self._releases: list[str] = []
         self.stats = LynxStats()  # this interval's counters, taken by vLLM every step
 
@@ -49,6 +50,7 @@ class ConnectorScheduler:
             return
         if self.config.role == "producer":
             self._to_save[request.request_id] = (request, params)
+            self.blocks.follow(request.request_id)
         else:
             cap = self.config.max_drafts
             if params.max_drafts is not None:
@@ -59,6 +61,7 @@ class ConnectorScheduler:
     def build_meta(self, scheduler_output) -> LynxConnectorMeta:
         meta = LynxConnectorMeta()
         if self.config.role == "producer":
+            self.blocks.observe(scheduler_output)
             meta.saves = self._completed_prompts(scheduler_output)
         meta.loads, self._loads = self._loads, []
         meta.releases, self._releases = self._releases, []
@@ -67,6 +70,8 @@ class ConnectorScheduler:
     def request_finished(self, request) -> tuple[bool, dict | None]:
         rid = request.request_id
         self._to_save.pop(rid, None)
+        self.blocks.forget(rid)
+        self._load_blocks.pop(rid, None)
         lr = self.decode.pop(rid, None)
         if lr is None:
             return False, None
@@ -89,9 +94,10 @@ class ConnectorScheduler:
             if before + scheduler_output.num_scheduled_tokens.get(rid, 0) < prompt:
                 continue  # the prompt is not complete after this step yet
             del self._to_save[rid]
+            block_ids = self.blocks.get(rid)
+            self.blocks.forget(rid)
             if prompt < 2:
                 continue  # nothing to send: the decode side recomputes the last token
-            (block_ids,) = self.kv_cache_manager.get_block_ids(rid)
             jobs.append(SaveJob(rid, params, tuple(block_ids), prompt - 1))
         return jobs
 
@@ -110,6 +116,7 @@ class ConnectorScheduler:
             return
         (block_ids,) = blocks.get_block_ids()
         lr.load_requested = True
+        self._load_blocks[request.request_id] = tuple(block_ids)
         self._loads.append(LoadJob(request.request_id, lr.transfer_id, tuple(block_ids),
                                    num_external_tokens, wait_full=lr.drafts.max_drafts == 0))
 
@@ -125,7 +132,7 @@ class ConnectorScheduler:
             for rid, why in meta.lost.items():
                 if rid in self.decode and self.decode[rid].lost is None:
                     self.decode[rid].lost = why
-        for rid in getattr(output, "failed_recving", None) or ():
+        for rid in failed_recving(output, self._load_blocks):
             lr = self.decode.get(rid)
             if lr is not None:  # vLLM recomputes the prompt locally (kv_load_failure_policy)
                 lr.lost = lr.lost or "the KV transfer failed before the anchor arrived"

