@@ -20,13 +20,13 @@ from .connector_scheduler import ConnectorScheduler
 from .kv_cache_io import paged_kv_from_vllm
 from .messages import LynxConnectorMeta
 from .stats import LynxPromMetrics, LynxStats
-from .vllm_compat import (KVConnectorBase_V1, KVConnectorRole, KVConnectorTransferResults,
-                          get_logger, tensor_parallel)
+from .vllm_compat import (KVConnectorBase, KVConnectorRole, KVConnectorTransferResults,
+                          get_logger, tensor_parallel, worker_connector_stats)
 
 log = get_logger(__name__)
 
 
-class LynxConnector(KVConnectorBase_V1):
+class LynxConnector(KVConnectorBase):
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         ktc = vllm_config.kv_transfer_config
@@ -39,6 +39,7 @@ class LynxConnector(KVConnectorBase_V1):
         self.rank, self.world_size = (0, vllm_config.parallel_config.tensor_parallel_size)
         self.scheduler_half: ConnectorScheduler | None = None
         self.worker = None
+        self._load_blocks: dict[str, tuple[int, ...]] = {}  # worker side: blocks of each load
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler_half = ConnectorScheduler(self.config, self.world_size)
         else:
@@ -66,6 +67,9 @@ class LynxConnector(KVConnectorBase_V1):
         if self.config.role == "producer":
             self.worker.bind(connector_metadata.saves)
         else:
+            self._load_blocks.update((j.req_id, j.block_ids) for j in connector_metadata.loads)
+            for req_id in connector_metadata.releases:
+                self._load_blocks.pop(req_id, None)
             self.worker.bind(connector_metadata.loads, connector_metadata.releases)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
@@ -87,6 +91,10 @@ class LynxConnector(KVConnectorBase_V1):
         done, failed = self.worker.finish_step(finished_req_ids)
         return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
 
+    def load_block_ids(self, req_id: str) -> tuple[int, ...]:
+        """The blocks a request's load writes (vLLM 0.23 takes failed loads as block ids)."""
+        return self._load_blocks.get(req_id, ())
+
     def build_connector_worker_meta(self):
         if self.config.role == "producer":
             return None
@@ -101,8 +109,8 @@ class LynxConnector(KVConnectorBase_V1):
         self.scheduler_half.on_new_request(request)
 
     def bind_kv_cache_manager(self, kv_cache_manager) -> None:
-        super().bind_kv_cache_manager(kv_cache_manager)
-        self.scheduler_half.kv_cache_manager = kv_cache_manager
+        super().bind_kv_cache_manager(kv_cache_manager)  # vLLM 0.32 only (vllm_compat)
+        self.scheduler_half.blocks.bind(kv_cache_manager)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         if self.config.role == "producer":
@@ -124,8 +132,8 @@ class LynxConnector(KVConnectorBase_V1):
 
     # -- statistics (stats.py): counted by the scheduler half, shown by vLLM's loggers ---------
     def get_kv_connector_stats(self) -> LynxStats | None:
-        if self.scheduler_half is None:
-            return None
+        if self.scheduler_half is None:  # workers count nothing, but vLLM 0.23 needs a report
+            return worker_connector_stats(LynxStats())
         return self.scheduler_half.stats.take()
 
     @classmethod
