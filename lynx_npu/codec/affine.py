@@ -24,12 +24,21 @@ def _grouped(x: torch.Tensor, axis: str, group: int) -> torch.Tensor:
     return x.view(h, ng, group, d)
 
 
+def scalar_shape(shape: tuple[int, int, int], axis: str, group: int) -> tuple[int, ...]:
+    """The shape of the scale and min tensors ``quantize`` returns for an [H, T, D] input."""
+    h, t, d = shape
+    return (h, t, 1) if axis == "token" else (h, -(-t // group), 1, d)
+
+
 def _reduce_dim(axis: str) -> int:
     return -1 if axis == "token" else -2
 
 
-def quantize(x: torch.Tensor, bits: int, axis: str, group: int = 32):
-    """-> (codes int64 [H,T,D] in [0, 2^bits), scale f16, min f16) with keepdim stat shapes."""
+def quantize(x: torch.Tensor, bits: int, axis: str, group: int = 32, name: str = "x"):
+    """-> (codes int64 [H,T,D] in [0, 2^bits), scale f16, min f16) with keepdim stat shapes.
+
+    Every float16 input fits; bfloat16 / float32 input whose group minimum or step is past
+    float16's range raises ValueError (``name`` is the tensor's name in it)."""
     t = x.shape[1]
     g = _grouped(x.float(), axis, group)
     dim = _reduce_dim(axis)
@@ -37,6 +46,10 @@ def quantize(x: torch.Tensor, bits: int, axis: str, group: int = 32):
     mx = g.amax(dim=dim, keepdim=True)
     qmax = (1 << bits) - 1
     scale = ((mx - mn.float()) / qmax).to(SCALAR_DTYPE)
+    if not (bool(torch.isfinite(mn).all()) and bool(torch.isfinite(scale).all())):
+        lo, hi = (float(v) for v in torch.aminmax(x.float()))
+        raise ValueError(f"{name} spans [{lo:g}, {hi:g}]: its float16 scale or minimum would "
+                         f"overflow (the affine codecs store them in float16, finite to 65504)")
     s32 = scale.float()
     q = torch.where(s32 > 0, (g - mn.float()) / torch.where(s32 > 0, s32, 1.0), 0.0)
     codes = q.round().clamp(0, qmax).to(torch.int64)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from . import affine
-from .base import TensorCodec, TensorEncoded, check_int, validate_kv
-from .packing import pack_bits, unpack_bits
+from .base import FieldSpec, TensorCodec, TensorEncoded, check_int, to_kv_dtype, validate_kv
+from .packing import pack_bits, packed_nbytes, unpack_bits
 from .registry import register_codec
 
 
@@ -28,9 +28,13 @@ class BF16Codec(TensorCodec):
                              (("k", "full", k.to(torch.bfloat16).contiguous()),
                               ("v", "full", v.to(torch.bfloat16).contiguous())))
 
+    def field_specs(self, shape, dtype):
+        return tuple(FieldSpec(w, "full", torch.bfloat16, tuple(shape)) for w in "kv")
+
     def decode(self, enc, stage="full"):
         enc.check_stage(stage)
-        return enc["k"].to(enc.dtype), enc["v"].to(enc.dtype)
+        # float16 65504 is bfloat16 65536: back in float16 that would be Inf
+        return tuple(to_kv_dtype(enc[w].float(), enc.dtype) for w in "kv")
 
 
 class AffineCodec(TensorCodec):
@@ -48,18 +52,30 @@ class AffineCodec(TensorCodec):
         validate_kv(k, v)
         fields = []
         for which, x in (("k", k), ("v", v)):
-            codes, scale, mn = affine.quantize(x, self.bits, self.axes[which], self.group_size)
+            codes, scale, mn = affine.quantize(x, self.bits, self.axes[which], self.group_size,
+                                               which)
             fields += [(f"{which}_codes", "full", pack_bits(codes.reshape(-1), self.bits)),
                        (f"{which}_scale", "full", scale), (f"{which}_min", "full", mn)]
         return TensorEncoded(tuple(k.shape), k.dtype, self.stages, tuple(fields))
+
+    def field_specs(self, shape, dtype):
+        out = []
+        for which in "kv":
+            scalars = affine.scalar_shape(shape, self.axes[which], self.group_size)
+            out += [FieldSpec(f"{which}_codes", "full", torch.uint8,
+                              (packed_nbytes(_numel(shape), self.bits),)),
+                    FieldSpec(f"{which}_scale", "full", affine.SCALAR_DTYPE, scalars),
+                    FieldSpec(f"{which}_min", "full", affine.SCALAR_DTYPE, scalars)]
+        return tuple(out)
 
     def decode(self, enc, stage="full"):
         enc.check_stage(stage)
         out = []
         for which in "kv":
             codes = unpack_bits(enc[f"{which}_codes"], self.bits, _numel(enc.shape)).view(enc.shape)
-            out.append(affine.dequantize(codes, enc[f"{which}_scale"], enc[f"{which}_min"],
-                                         self.axes[which], self.group_size).to(enc.dtype))
+            out.append(to_kv_dtype(affine.dequantize(codes, enc[f"{which}_scale"],
+                                                     enc[f"{which}_min"], self.axes[which],
+                                                     self.group_size), enc.dtype))
         return out[0], out[1]
 
 
@@ -110,7 +126,7 @@ class QuantSpecCodec(TensorCodec):
         upper, lower = [], []
         for which, x in (("k", k), ("v", v)):
             axis = self.axes[which]
-            codes, scale, mn = affine.quantize(x, 4, axis, self.group_size)
+            codes, scale, mn = affine.quantize(x, 4, axis, self.group_size, which)
             err = x.float() - affine.dequantize(codes, scale, mn, axis, self.group_size)
             lstep = affine.step(scale, axis, x.shape[1], self.group_size) / 16
             low = torch.where(lstep > 0, err / torch.where(lstep > 0, lstep, 1.0), 0.0)
@@ -119,6 +135,17 @@ class QuantSpecCodec(TensorCodec):
                       (f"{which}_scale", "anchor", scale), (f"{which}_min", "anchor", mn)]
             lower.append((f"{which}_lower", "full", pack_bits(low.reshape(-1), 4)))
         return TensorEncoded(tuple(k.shape), k.dtype, self.stages, tuple(upper + lower))
+
+    def field_specs(self, shape, dtype):
+        codes = (packed_nbytes(_numel(shape), 4),)
+        upper, lower = [], []
+        for which in "kv":
+            scalars = affine.scalar_shape(shape, self.axes[which], self.group_size)
+            upper += [FieldSpec(f"{which}_upper", "anchor", torch.uint8, codes),
+                      FieldSpec(f"{which}_scale", "anchor", affine.SCALAR_DTYPE, scalars),
+                      FieldSpec(f"{which}_min", "anchor", affine.SCALAR_DTYPE, scalars)]
+            lower.append(FieldSpec(f"{which}_lower", "full", torch.uint8, codes))
+        return tuple(upper + lower)
 
     def decode(self, enc, stage="full"):
         enc.check_stage(stage)
@@ -132,7 +159,7 @@ class QuantSpecCodec(TensorCodec):
             if stage == "full":
                 low = unpack_bits(enc[f"{which}_lower"], 4, n, signed=True).view(enc.shape)
                 x = x + low.float() * (affine.step(scale, axis, enc.shape[1], self.group_size) / 16)
-            out.append(x.to(enc.dtype))
+            out.append(to_kv_dtype(x, enc.dtype))
         return out[0], out[1]
 
 

@@ -47,7 +47,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .base import Codec, Encoded, EncodedPage, check_int, validate_kv
+from .base import (Codec, Encoded, EncodedPage, check_int, check_page, to_kv_dtype,
+                   validate_kv)
 from .cachegen_coder import cdf_table, decode_symbols, encode_symbols
 from .registry import register_codec
 
@@ -119,7 +120,14 @@ def quantize(x: torch.Tensor, bins: int) -> tuple[np.ndarray, torch.Tensor]:
     top = _half_range(bins)
     p = peak.float()
     factor = top / torch.where(p > 0, p, torch.ones_like(p))  # zero token -> symbols MAX
-    sym = torch.round(rows.float() * factor[:, None] + top).clamp_(0, 2 * top)
+    scaled = rows.float() * factor[:, None]
+    # A subnormal peak (bfloat16 / float32 below ~1e-38 / top) makes the factor overflow to
+    # Inf: those tokens divide by the peak instead (x / peak is in [-1, 1]; the bytes of
+    # every token whose factor is finite are unchanged).
+    tiny = ~torch.isfinite(factor)
+    if bool(tiny.any()):
+        scaled = torch.where(tiny[:, None], rows.float() / p[:, None] * top, scaled)
+    sym = torch.round(scaled + top).clamp_(0, 2 * top)
     return sym.to(torch.int32).numpy(), peak
 
 
@@ -128,7 +136,7 @@ def dequantize(sym: np.ndarray, peak: torch.Tensor, bins: int, h: int, d: int,
     """Inverse of ``quantize`` up to rounding: -> [H, T, D] in ``dtype``."""
     top = _half_range(bins)
     x = (torch.from_numpy(sym).float() - top) / top * peak.float()[:, None]
-    return x.view(-1, h, d).permute(1, 0, 2).contiguous().to(dtype)
+    return to_kv_dtype(x.view(-1, h, d).permute(1, 0, 2).contiguous(), dtype)
 
 
 def _sizes(tokens: int, channels: int, dtype: torch.dtype, kb: int, vb: int) -> list[int]:
@@ -238,9 +246,9 @@ class CacheGenCodec(Codec):
                     dtype):
         if residual is not None:
             raise ValueError("cachegen is a one-stream codec: residual must be None")
-        if token_end <= token_start:
-            raise ValueError(f"empty token span [{token_start=}, {token_end=})")
-        return decode_chunk(anchor, token_end - token_start, num_kv_heads, head_dim, dtype)
+        h, t, d = check_page(token_start, token_end, num_kv_heads, head_dim, dtype,
+                             max_tokens=self.config.chunk_size)
+        return decode_chunk(anchor, t, h, d, dtype)
 
 
 register_codec("cachegen", CacheGenCodec)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from . import lynx_ref, lynx_stream
-from .base import Codec, Encoded, EncodedPage, validate_kv
+from .base import Codec, Encoded, EncodedPage, check_page, validate_kv
 from .lynx_config import LynxConfig, make_config
 from .lynx_layout import (SCALAR_DTYPE, PageLayout, PageSpan, page_layout, page_sinks, page_spans,
                           stream_layout)
@@ -155,6 +155,7 @@ class LynxCodec(Codec):
         """Check one received page's buffers and return them in the kernel layout (what
         lynx_npu.ops decompresses) with that layout; without the residual, scalar previews
         are expanded in place of the exact scalars."""
+        self._check_page(token_start, token_end, num_kv_heads, head_dim, dtype)
         ns = page_sinks(self.config, token_start, token_end)
         span = PageSpan(-1, token_start, token_end, token_start + ns, ns)
         lay = self._layout(num_kv_heads, head_dim, dtype, span)
@@ -169,6 +170,11 @@ class LynxCodec(Codec):
         return anchor, residual, lay
 
     # -- internals ----------------------------------------------------------------------------
+    def _check_page(self, token_start, token_end, num_kv_heads, head_dim, dtype) -> None:
+        """A received page's claimed geometry, checked before any layout is sized from it."""
+        check_page(token_start, token_end, num_kv_heads, head_dim, dtype,
+                   max_tokens=self.config.page_size + self.config.num_sink_tokens)
+
     def _blocks(self, num_tokens: int):
         """Group page spans into runs of equal shape (page 0, full pages, the ragged tail)."""
         spans = page_spans(self.config, num_tokens)
@@ -283,6 +289,7 @@ class LynxInt8Codec(LynxCodec):
 
     def decode_page(self, anchor, residual, token_start, token_end, *, num_kv_heads, head_dim,
                     dtype):
+        self._check_page(token_start, token_end, num_kv_heads, head_dim, dtype)
         ns = page_sinks(self.config, token_start, token_end)
         lay = page_layout(self.config, num_kv_heads, head_dim, dtype,
                           token_end - token_start - ns, ns)

@@ -14,7 +14,8 @@ All arithmetic is float32 in this order:
           m = (I + bias) >> r;  res = (m << r) - I   (round-half-down split, Alg. 1 l.14-17)
           anchor = m if xf >= 0 else -m - 1           (sign of the *centred* value, l.18)
   decode  I' = m << r (anchor stage) or (m << r) - res (full stage)
-          x' = ((+-levels[I']) * sigma + mu) * scale + gmin,  cast to the KV dtype
+          x' = ((+-levels[I']) * sigma + mu) * scale + gmin,  saturated to the KV dtype's
+                                                   finite range, then cast (base.to_kv_dtype)
 
 The two normalisations multiply by a reciprocal computed once per channel / chunk (each
 rounded: RN(RN(x - gmin) * RN(1 / scale))), not divide per value: IEEE multiplication is one
@@ -26,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from . import lynx_tables
+from .base import to_kv_dtype
 from .lynx_config import LynxConfig
 from .lynx_layout import SCALAR_DTYPE
 
@@ -35,6 +37,15 @@ def reciprocal_or_zero(s: torch.Tensor) -> torch.Tensor:
     reciprocal overflows): the values it multiplies then normalise to 0."""
     r = 1.0 / s
     return torch.where(torch.isfinite(r), r, torch.zeros_like(r))
+
+
+def range_error(which: str, x: torch.Tensor) -> str:
+    """The refusal of finite input that no page can carry: a channel whose range over a page
+    (max - min) is not finite in float32 (bfloat16 / float32 KV beyond +-2^127), since every
+    value is normalised by that range. The CPU kernel refuses exactly the same pages."""
+    lo, hi = (float(t) for t in torch.aminmax(x.float()))
+    return (f"{which} spans [{lo:g}, {hi:g}]: a page channel's range (max - min) overflows "
+            f"float32, which Lynx normalises by; keep |{which}| below 2**127")
 
 
 def _chunked(xn: torch.Tensor, axis: str, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,6 +103,8 @@ def quantize(x: torch.Tensor, cfg: LynxConfig, which: str):
     xf32 = x.float()
     gmin = xf32.amin(dim=2, keepdim=True)
     gmax = xf32.amax(dim=2, keepdim=True)
+    if not bool(torch.isfinite(gmax - gmin).all()):
+        raise ValueError(range_error(which, x))
     inv_scale = reciprocal_or_zero(gmax - gmin)
     xn = (xf32 - gmin) * inv_scale
 
@@ -144,4 +157,4 @@ def dequantize(anchor: torch.Tensor, residual: torch.Tensor | None, gamma: torch
 
     g = gamma.float().view(n, 2, h, 1, d)
     gmin, gmax = g[:, 0], g[:, 1]
-    return (xn * (gmax - gmin) + gmin).to(dtype)
+    return to_kv_dtype(xn * (gmax - gmin) + gmin, dtype)

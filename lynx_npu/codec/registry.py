@@ -52,12 +52,26 @@ def get_codec(name: str, **overrides) -> Codec:
         factory = _FACTORIES[name]
     except KeyError:
         raise ValueError(f"unknown codec {name!r}; known codecs: {', '.join(list_codecs())}") from None
+    if overrides:
+        known = parameter_names(name) | _api_only(factory)
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"bad parameter for codec {name!r}: it has no parameter "
+                             f"{', '.join(map(repr, unknown))}; its parameters: "
+                             f"{', '.join(sorted(known))}")
     try:
         codec = factory(**overrides)
-    except TypeError as e:  # unexpected keyword -> a user error, not a crash
+    except TypeError as e:  # a factory's own signature error -> a user error, not a crash
         raise ValueError(f"bad parameter for codec {name!r}: {e}") from None
     codec.codec_id = CODEC_IDS[name]
     return codec
+
+
+def _api_only(factory) -> frozenset[str]:
+    """Named arguments of a factory that are not codec parameters (lynx's ``preset``)."""
+    import inspect
+    return frozenset(n for n, p in inspect.signature(factory).parameters.items()
+                     if p.kind is not p.VAR_KEYWORD)
 
 
 def wire_params(codec: Codec) -> dict:

@@ -19,7 +19,9 @@ import inspect
 
 import torch
 
+from lynx_npu.codec.base import check_finite
 from lynx_npu.codec.lynx_config import LynxConfig
+from lynx_npu.codec.lynx_ref import range_error
 
 from . import backends, dest as _dest
 from .kv_layouts import KVCacheLayout, resolve
@@ -46,6 +48,33 @@ def _check_kv(k: torch.Tensor, v: torch.Tensor) -> None:
     if k.shape != v.shape or k.dtype != v.dtype or k.device != v.device:
         raise ValueError(f"k and v must share shape, dtype and device: k {tuple(k.shape)} "
                          f"{k.dtype} {k.device}, v {tuple(v.shape)} {v.dtype} {v.device}")
+
+
+def check_values(k: torch.Tensor, v: torch.Tensor) -> None:
+    """Refuse input no encoding carries, as the reference codec does (ValueError naming it):
+    NaN or Inf, or a range past float32 (lynx_ref.range_error; here over the whole tensor,
+    which the reference and the CPU kernel check per page channel: only inputs spanning
+    more than 2**128 can tell the difference). One aminmax pass over k and over v."""
+    for name, x in (("k", k), ("v", v)):
+        lo, hi = check_finite(name, x)
+        span = torch.tensor(hi, dtype=torch.float32) - torch.tensor(lo, dtype=torch.float32)
+        if not bool(torch.isfinite(span)):
+            raise ValueError(range_error(name, x))
+
+
+def check_input(impl, k: torch.Tensor, v: torch.Tensor) -> None:
+    """``check_values`` unless backend ``impl`` refuses such input itself (CHECKS_VALUES: the
+    CPU kernel flags it in its first pass over the values, the torch backend is the
+    reference codec, which validates)."""
+    if not getattr(impl, "CHECKS_VALUES", False):
+        check_values(k, v)
+
+
+def _check_buffer(name: str, buf, optional: bool = False) -> None:
+    if (buf is None and optional) or isinstance(buf, torch.Tensor):
+        return
+    raise ValueError(f"{name} must be a 1-D uint8 tensor{' or None' if optional else ''}, got "
+                     f"{type(buf).__name__}")
 
 
 def _check_stream(name: str, buf, nbytes: int, device) -> torch.Tensor:
@@ -87,6 +116,7 @@ def compress(k: torch.Tensor, v: torch.Tensor, config: LynxConfig, *,
         _check_out_stream("anchor", out[0], plan.anchor_nbytes, k.device)
         _check_out_stream("residual", out[1], plan.residual_nbytes, k.device)
     _, impl = backends.select(k.device, backend, cfg, h, d, k.dtype)
+    check_input(impl, k, v)
     if out is None:
         return impl.compress(k, v, plan)
     if "out" in inspect.signature(impl.compress).parameters:
@@ -108,9 +138,13 @@ def _run_decompress(anchor, residual, plan: LayerPlan, dest, backend) -> None:
 
 
 def _check_shape(shape) -> tuple[int, int, int]:
-    if len(shape) != 3 or min(int(s) for s in shape) < 1:
-        raise ValueError(f"shape must be [num_kv_heads, num_tokens, head_dim] > 0, got {shape}")
-    return tuple(int(s) for s in shape)
+    try:
+        dims = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        dims = ()
+    if len(dims) != 3 or min(dims) < 1:
+        raise ValueError(f"shape must be [num_kv_heads, num_tokens, head_dim] > 0, got {shape!r}")
+    return dims
 
 
 def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, config: LynxConfig,
@@ -121,6 +155,8 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, config: Lynx
     ``out``: (k, v) tensors of ``shape`` and ``dtype`` (any strides) to write into.
     """
     cfg = _check_config(config)
+    _check_buffer("anchor", anchor)
+    _check_buffer("residual", residual, optional=True)
     h, t, d = _check_shape(shape)
     if dtype not in KV_DTYPES:
         raise ValueError(f"{dtype=} must be float16, bfloat16 or float32")
@@ -177,6 +213,8 @@ def decompress_page(anchor: torch.Tensor, residual: torch.Tensor | None, config:
                     dtype: torch.dtype, backend: str | None = None):
     """One page buffer (tokens [token_start, token_end) of the layer) -> (k, v) [H, n, D]."""
     cfg = _check_config(config)
+    _check_buffer("anchor", anchor)
+    _check_buffer("residual", residual, optional=True)
     plan = page_plan(cfg, num_kv_heads, head_dim, dtype, token_start, token_end)
     k = torch.empty(num_kv_heads, plan.num_tokens, head_dim, dtype=dtype, device=anchor.device)
     v = torch.empty_like(k)

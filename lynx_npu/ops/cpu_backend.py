@@ -34,12 +34,14 @@ import threading
 
 import torch
 
+from .api import check_values
 from .backends import BackendUnavailable
 from .dest import Destination
 from .plan import NUM_FIELDS, LayerPlan
 from .tables import device_tables
 
 NAME = "cpu"
+CHECKS_VALUES = True  # the kernel refuses NaN / Inf / a page range past float32 (rc 2)
 SOURCE = pathlib.Path(__file__).with_name("cpu") / "lynx_cpu.cpp"
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno"]
@@ -265,6 +267,10 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
         ctypes.c_void_p(v.data_ptr()), strides, ctypes.c_void_p(anchor.data_ptr()),
         ctypes.c_void_p(residual.data_ptr()), ctypes.c_void_p(table.data_ptr()),
         ctypes.c_int64(plan.num_pages))
+    if rc == 2:  # NaN, Inf or a page range past float32: the kernel's first pass saw it
+        check_values(k, v)  # raises the ValueError naming it
+        raise ValueError("k or v holds a value no Lynx page can carry (NaN, Inf or a page "
+                         "channel range past float32)")
     if rc:
         raise RuntimeError(f"lynx_cpu_compress failed ({rc})")
     return anchor, residual

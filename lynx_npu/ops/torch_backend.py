@@ -15,6 +15,7 @@ from .dest import Destination, scatter_tokens
 from .plan import LayerPlan
 
 NAME = "torch"
+CHECKS_VALUES = True  # the reference codec's encode validates its input
 
 
 def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:

@@ -105,21 +105,41 @@ inline uint16_t f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+// max: the dtype's largest finite value. Decoded values are saturated to [-max, max] before
+// the store (codec/base.py to_kv_dtype): rounded scalars can put the reconstruction of a
+// finite input a hair past the range, which would round to Inf. NaN stays NaN.
 struct F16 {
   using raw = uint16_t;
+  static constexpr float max = 65504.0f;
   static inline float load(raw r) { return f16_to_f32(r); }
   static inline raw store(float f) { return f32_to_f16(f); }
 };
 struct BF16 {
   using raw = uint16_t;
+  static constexpr float max = 3.38953139e38f;  // 0x7f7f: bfloat16's largest finite value
   static inline float load(raw r) { return bitsf((uint32_t)r << 16); }
   static inline raw store(float f) { return f32_to_bf16(f); }
 };
 struct F32 {
   using raw = float;
+  static constexpr float max = 3.40282347e38f;
   static inline float load(raw r) { return r; }
   static inline raw store(float f) { return f; }
 };
+
+template <typename Conv>
+inline float saturate(float f) {  // std::max / std::min keep a NaN first operand
+  return std::min(std::max(f, -Conv::max), Conv::max);
+}
+
+// Whether a page's per-channel minima / maxima come from finite values whose range is finite
+// in float32: false after any NaN (nan_seen), Inf (it is its channel's min or max) or a range
+// past float32's (bfloat16 / float32 KV beyond +-2^127). Such input is refused (rc 2).
+inline bool finite_ranges(const float* gmin, const float* gmax, int64_t D, bool nan_seen) {
+  bool ok = !nan_seen;
+  for (int64_t d = 0; d < D; ++d) ok &= std::isfinite(gmax[d] - gmin[d]);
+  return ok;
+}
 
 inline float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
@@ -463,8 +483,9 @@ void chunk_rows(const Params& p, bool token_axis, float* buf, int64_t r0, int64_
   }
 }
 
+// -> false where the item's input is not finite (finite_ranges); its bytes are then garbage.
 template <typename Conv>
-void compress_item(const Params& p, int which, const int64_t* row, const typename Conv::raw* x,
+bool compress_item(const Params& p, int which, const int64_t* row, const typename Conv::raw* x,
                    const int64_t* strides, uint8_t* anchor, uint8_t* residual, Scratch& s,
                    const int64_t* next_row) {
   using raw = typename Conv::raw;
@@ -472,12 +493,17 @@ void compress_item(const Params& p, int which, const int64_t* row, const typenam
   const Table& tb = p.t[which];
   const int64_t sh = strides[0], st = strides[1], sd = strides[2];
   const int64_t tp = row[F_NUM_BODY], ns = row[F_NUM_SINK], body0 = row[F_BODY0];
+  bool finite = true;
   if (ns) {
     raw* sink = reinterpret_cast<raw*>(anchor + row[F_SINK + which]);
     const int64_t t0 = row[F_TOKEN0];
     for (int64_t h = 0; h < H; ++h)
       for (int64_t j = 0; j < ns; ++j)
-        for (int64_t d = 0; d < D; ++d) sink[(h * ns + j) * D + d] = x[h * sh + (t0 + j) * st + d * sd];
+        for (int64_t d = 0; d < D; ++d) {
+          const raw r = x[h * sh + (t0 + j) * st + d * sd];
+          sink[(h * ns + j) * D + d] = r;
+          finite &= std::isfinite(Conv::load(r));
+        }
   }
   if (which == 0) {  // alignment padding of the page's sections (disjoint from V's sections)
     for (int i = 0; i < NUM_PADS; ++i) {
@@ -485,17 +511,15 @@ void compress_item(const Params& p, int which, const int64_t* row, const typenam
       if (len) std::memset((i < NUM_PADS - 1 ? anchor : residual) + start, 0, (size_t)len);
     }
   }
-  if (tp == 0) return;
+  if (tp == 0) return finite;
   raw* gamma = reinterpret_cast<raw*>(anchor + row[F_GAMMA + which]);
   uint16_t* stats = reinterpret_cast<uint16_t*>(anchor + row[F_STATS + which]);
   uint8_t* codes = anchor + row[F_CODES + which];
   uint8_t* res = residual + row[F_RES + which];
 #if defined(LYNX_AVX512)
-  if (compress_fast(p, tb, sd)) {
-    compress_body_avx512<Conv>(p, which, x, strides, body0, tp, gamma, stats, codes, res, s,
-                               next_row);
-    return;
-  }
+  if (compress_fast(p, tb, sd))
+    return compress_body_avx512<Conv>(p, which, x, strides, body0, tp, gamma, stats, codes, res,
+                                      s, next_row) && finite;
 #endif
   const bool token_axis = tb.token_axis != 0;
   // Rows per block: one chunk of tokens (channel axis), or enough tokens to fill ~8 KB (token).
@@ -518,6 +542,7 @@ void compress_item(const Params& p, int which, const int64_t* row, const typenam
       gmin[d] = INFINITY;
       gmax[d] = -INFINITY;
     }
+    int nan_seen = 0;  // std::min / std::max drop a NaN second operand: counted apart
     for (int64_t t = 0; t < tp; ++t) {
       const raw* xr = xh + t * st;
       float* __restrict br = buf + t * D;
@@ -528,8 +553,10 @@ void compress_item(const Params& p, int which, const int64_t* row, const typenam
       for (int64_t d = 0; d < D; ++d) {
         gmin[d] = std::min(gmin[d], br[d]);
         gmax[d] = std::max(gmax[d], br[d]);
+        nan_seen |= br[d] != br[d];
       }
     }
+    finite &= finite_ranges(gmin, gmax, D, nan_seen != 0);
     for (int64_t d = 0; d < D; ++d) {
       gamma[h * D + d] = Conv::store(gmin[d]);  // exact: an input value
       gamma[H * D + h * D + d] = Conv::store(gmax[d]);
@@ -547,6 +574,7 @@ void compress_item(const Params& p, int which, const int64_t* row, const typenam
       pack(s.r.data(), n, (int)p.residual_bits, res, e0 * p.residual_bits);
     }
   }
+  return finite;
 }
 
 // One row of D values: codes -> float32 (the reference's op order) -> the KV dtype.
@@ -589,7 +617,7 @@ void decode_row(const int32_t* __restrict ia, const int32_t* __restrict ir,
     float xf;
     std::memcpy(&xf, &mb, 4);
     const float xn = xf * sig[d] + mu[d];  // two roundings: no FMA (-ffp-contract=off)
-    out[d] = Conv::store(xn * scale[d] + gmin[d]);
+    out[d] = Conv::store(saturate<Conv>(xn * scale[d] + gmin[d]));
   }
 }
 
@@ -708,14 +736,16 @@ int threads(const Params& p) {
 #endif
 }
 
+// -> false where any input value is not finite (compress_item).
 template <typename Conv>
-void compress_all(const Params& p, const void* k, const void* v, const int64_t* strides,
+bool compress_all(const Params& p, const void* k, const void* v, const int64_t* strides,
                   uint8_t* anchor, uint8_t* residual, const int64_t* plan, int64_t num_pages) {
   const int64_t items = num_pages * 2;
+  int bad = 0;
 #pragma omp parallel num_threads(threads(p))
   {
     Scratch s;
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) reduction(| : bad)
     for (int64_t it = 0; it < items; ++it) {
       const int which = (int)(it & 1);
       const auto* x = reinterpret_cast<const typename Conv::raw*>(which ? v : k);
@@ -723,10 +753,11 @@ void compress_all(const Params& p, const void* k, const void* v, const int64_t* 
       // The page this thread is likely to take next (the same tensor's: two threads alternate
       // K and V items), for the AVX-512 path's prefetch.
       const int64_t* next = page + 1 < num_pages ? plan + (page + 1) * NUM_FIELDS : nullptr;
-      compress_item<Conv>(p, which, plan + page * NUM_FIELDS, x, strides + 3 * which, anchor,
-                          residual, s, next);
+      bad |= !compress_item<Conv>(p, which, plan + page * NUM_FIELDS, x, strides + 3 * which,
+                                  anchor, residual, s, next);
     }
   }
+  return bad == 0;
 }
 
 template <typename Conv>
@@ -780,14 +811,18 @@ int64_t lynx_cpu_abi(int64_t what) {
 }
 
 // dtype: 0 float16, 1 bfloat16, 2 float32. strides: k (head, token, dim), then v, in elements.
+// -> 0, 1 (unknown dtype) or 2 (an input value is NaN or Inf, or a page channel's range is not
+// finite in float32: the bytes written are not a valid encoding).
 int lynx_cpu_compress(const Params* p, const void* k, const void* v, const int64_t* strides,
                       uint8_t* anchor, uint8_t* residual, const int64_t* plan, int64_t num_pages) {
+  bool ok;
   switch (p->dtype) {
-    case 0: compress_all<F16>(*p, k, v, strides, anchor, residual, plan, num_pages); return 0;
-    case 1: compress_all<BF16>(*p, k, v, strides, anchor, residual, plan, num_pages); return 0;
-    case 2: compress_all<F32>(*p, k, v, strides, anchor, residual, plan, num_pages); return 0;
+    case 0: ok = compress_all<F16>(*p, k, v, strides, anchor, residual, plan, num_pages); break;
+    case 1: ok = compress_all<BF16>(*p, k, v, strides, anchor, residual, plan, num_pages); break;
+    case 2: ok = compress_all<F32>(*p, k, v, strides, anchor, residual, plan, num_pages); break;
     default: return 1;
   }
+  return ok ? 0 : 2;
 }
 
 int lynx_cpu_decompress(const Params* p, const uint8_t* anchor, const uint8_t* residual,

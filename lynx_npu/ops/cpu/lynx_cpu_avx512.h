@@ -46,8 +46,17 @@ inline __m512i bf16_round_hi(__m512 x) {
 // Values 0, 2, .., 30 (even) and 1, 3, .., 31 (odd) of a group of 32 -> out[0..32) in order.
 template <typename Conv>
 inline void store_even_odd(typename Conv::raw* out, __m512 even, __m512 odd);
+// Decoded values saturate to the dtype's finite range (saturate() in lynx_cpu.cpp); max_ps /
+// min_ps return their second operand when either is NaN, so a NaN stays NaN.
+template <typename Conv>
+inline __m512 saturate16(__m512 x) {
+  return _mm512_min_ps(_mm512_set1_ps(Conv::max), _mm512_max_ps(_mm512_set1_ps(-Conv::max), x));
+}
+
 template <>
 inline void store_even_odd<F32>(float* out, __m512 even, __m512 odd) {
+  even = saturate16<F32>(even);
+  odd = saturate16<F32>(odd);
   const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
   _mm512_storeu_ps(out, _mm512_permutex2var_ps(even, lo, odd));
@@ -55,6 +64,8 @@ inline void store_even_odd<F32>(float* out, __m512 even, __m512 odd) {
 }
 template <>
 inline void store_even_odd<F16>(uint16_t* out, __m512 even, __m512 odd) {
+  even = saturate16<F16>(even);
+  odd = saturate16<F16>(odd);
   const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   const __m512i e = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(even, rc));
   const __m512i o = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(odd, rc));
@@ -62,6 +73,8 @@ inline void store_even_odd<F16>(uint16_t* out, __m512 even, __m512 odd) {
 }
 template <>
 inline void store_even_odd<BF16>(uint16_t* out, __m512 even, __m512 odd) {
+  even = saturate16<BF16>(even);
+  odd = saturate16<BF16>(odd);
   const __m512i e = _mm512_srli_epi32(bf16_round_hi(even), 16);
   // (odd & 0xffff0000) | e
   _mm512_storeu_si512(out, _mm512_ternarylogic_epi32(bf16_round_hi(odd), e,
@@ -71,14 +84,16 @@ inline void store_even_odd<BF16>(uint16_t* out, __m512 even, __m512 odd) {
 template <typename Conv>
 inline void store16(typename Conv::raw* out, __m512 x);
 template <>
-inline void store16<F32>(float* out, __m512 x) { _mm512_storeu_ps(out, x); }
+inline void store16<F32>(float* out, __m512 x) { _mm512_storeu_ps(out, saturate16<F32>(x)); }
 template <>
 inline void store16<F16>(uint16_t* out, __m512 x) {
+  x = saturate16<F16>(x);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
                       _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 template <>
 inline void store16<BF16>(uint16_t* out, __m512 x) {
+  x = saturate16<BF16>(x);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
                       _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round_hi(x), 16)));
 }
@@ -523,10 +538,12 @@ __attribute__((noinline)) void token_stats(const Params& p, const float* tile, i
 }
 
 // Per-channel min / max over tp rows of NS * 16 channels (registers; rows in memory order).
+// -> whether a NaN was seen (min / max drop it, as std::min / std::max in the scalar code).
 template <typename Conv, int NS>
-inline void page_minmax(const typename Conv::raw* x, int64_t st, int64_t tp, float* lo_out,
+inline bool page_minmax(const typename Conv::raw* x, int64_t st, int64_t tp, float* lo_out,
                         float* hi_out) {
   __m512 lo[NS], hi[NS];
+  __mmask16 nan = 0;
   for (int j = 0; j < NS; ++j) {
     lo[j] = _mm512_set1_ps(INFINITY);
     hi[j] = _mm512_set1_ps(-INFINITY);
@@ -536,18 +553,21 @@ inline void page_minmax(const typename Conv::raw* x, int64_t st, int64_t tp, flo
       const __m512 v = load16<Conv>(x + t * st + 16 * j);
       lo[j] = _mm512_min_ps(v, lo[j]);  // (v < lo) ? v : lo: the first value kept on ties,
       hi[j] = _mm512_max_ps(v, hi[j]);  // as std::min / std::max in the scalar code
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     }
   for (int j = 0; j < NS; ++j) {
     _mm512_storeu_ps(lo_out + 16 * j, lo[j]);
     _mm512_storeu_ps(hi_out + 16 * j, hi[j]);
   }
+  return nan != 0;
 }
 
 // The quantized body of one (page, K|V) item: gamma, stats, codes (compress_item's pass 1 and 2).
 // While a head's rows are coded, the next head's rows (or the next page's first head's: next_row)
 // are prefetched, so that pass 1 does not wait on memory.
+// -> false where the input is not finite (finite_ranges).
 template <typename Conv>
-void compress_body_avx512(const Params& p, int which, const typename Conv::raw* x,
+bool compress_body_avx512(const Params& p, int which, const typename Conv::raw* x,
                           const int64_t* strides, int64_t body0, int64_t tp,
                           typename Conv::raw* gamma, uint16_t* stats, uint8_t* codes,
                           uint8_t* res, Scratch& s, const int64_t* next_row) {
@@ -573,19 +593,23 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
   const Coder512 bin_coder(Search512(tb.thresholds), p);
   Centres centres;
   Prefetcher pf;
+  bool finite = true;
   // lines per batch of 64 codes (the next tile has as many rows as this one, or fewer), + 1
   const int64_t row_lines = (D * (int64_t)sizeof(typename Conv::raw) + 63) / 64;
   const int pf_per_batch = (int)((64 * row_lines + D - 1) / D) + 1;
   for (int64_t h = 0; h < H; ++h) {
     const typename Conv::raw* xh = x + h * sh + body0 * st;
     // Pass 1: page min / max per channel, rows in memory order.
+    bool nan_seen = false;
     switch (ns) {
-      case 2: page_minmax<Conv, 2>(xh, st, tp, gmin, scale); break;
-      case 4: page_minmax<Conv, 4>(xh, st, tp, gmin, scale); break;
-      case 8: page_minmax<Conv, 8>(xh, st, tp, gmin, scale); break;
+      case 2: nan_seen = page_minmax<Conv, 2>(xh, st, tp, gmin, scale); break;
+      case 4: nan_seen = page_minmax<Conv, 4>(xh, st, tp, gmin, scale); break;
+      case 8: nan_seen = page_minmax<Conv, 8>(xh, st, tp, gmin, scale); break;
       default:
-        for (int64_t j = 0; j < ns; ++j) page_minmax<Conv, 1>(xh + 16 * j, st, tp, gmin + 16 * j, scale + 16 * j);
+        for (int64_t j = 0; j < ns; ++j)
+          nan_seen |= page_minmax<Conv, 1>(xh + 16 * j, st, tp, gmin + 16 * j, scale + 16 * j);
     }
+    finite &= finite_ranges(gmin, scale, D, nan_seen);
     for (int64_t d = 0; d < D; ++d) {
       gamma[h * D + d] = Conv::store(gmin[d]);  // exact: an input value
       gamma[H * D + h * D + d] = Conv::store(scale[d]);
@@ -630,6 +654,7 @@ void compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
       }
     }
   }
+  return finite;
 }
 
 // ---- decompress ----------------------------------------------------------------------------
