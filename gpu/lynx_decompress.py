@@ -61,11 +61,19 @@ def _row_address(tok, valid, slots_ptr, block_size, num_slots, s_block, s_tok,
 
 @triton.jit
 def _to_out(x, odt: tl.constexpr, INTERPRET: tl.constexpr):
-    """float32 -> the output dtype, rounding to nearest even like torch's .to(dtype).
+    """float32 -> the output dtype, saturated to its finite range (codec/base.py to_kv_dtype:
+    rounded scalars can put the reconstruction of a finite input a hair past it), then
+    rounded to nearest even like torch's .to(dtype).
 
     Triton's interpreter truncates float32 -> bfloat16, so under TRITON_INTERPRET=1 the
     rounding is done on the bits (finite values); on a GPU the native conversion rounds (RTNE).
     """
+    if odt == tl.float16:
+        x = tl.minimum(tl.maximum(x, -65504.0), 65504.0)
+    elif odt == tl.bfloat16:
+        x = tl.minimum(tl.maximum(x, -3.3895313892515355e38), 3.3895313892515355e38)
+    else:
+        x = tl.minimum(tl.maximum(x, -3.4028234663852886e38), 3.4028234663852886e38)
     if INTERPRET and odt == tl.bfloat16:
         u = x.to(tl.uint32, bitcast=True)
         u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16

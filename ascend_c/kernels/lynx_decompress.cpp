@@ -214,7 +214,7 @@ private:
         RowBroadcast(Op::ADD, x, x, gminBuf_.Get<float>(), rows, d);
 
         AscendC::LocalTensor<T> out = outQueue_.AllocTensor<T>();
-        CastToKv(out, x, n);
+        SaturateToKv(out, x, n);
         outQueue_.EnQue(out);
     }
 

@@ -128,6 +128,24 @@ __aicore__ inline void CastToKv(const AscendC::LocalTensor<T>& dst, const Ascend
     AscendC::Cast(dst, src, AscendC::RoundMode::CAST_RINT, n);
 }
 
+// The KV dtype's largest finite value (float16 65504, bfloat16 0x7f7f).
+template <typename T>
+__aicore__ inline constexpr float KvMax()
+{
+    return std::is_same<T, half>::value ? 65504.0f : 3.38953139e38f;
+}
+
+// Decoded values -> the KV dtype, saturated to its finite range first (codec/base.py
+// to_kv_dtype): rounded scalars can put the reconstruction of a finite input a hair past the
+// range, which would round to Inf. src is clobbered.
+template <typename T>
+__aicore__ inline void SaturateToKv(const AscendC::LocalTensor<T>& dst, const AscendC::LocalTensor<float>& src, uint32_t n)
+{
+    AscendC::Maxs(src, src, -KvMax<T>(), n);
+    AscendC::Mins(src, src, KvMax<T>(), n);
+    CastToKv(dst, src, n);
+}
+
 }  // namespace lynx
 
 #endif  // LYNX_KERNEL_COMMON_H

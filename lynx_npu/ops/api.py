@@ -54,11 +54,14 @@ def check_values(k: torch.Tensor, v: torch.Tensor) -> None:
     """Refuse input no encoding carries, as the reference codec does (ValueError naming it):
     NaN or Inf, or a range past float32 (lynx_ref.range_error; here over the whole tensor,
     which the reference and the CPU kernel check per page channel: only inputs spanning
-    more than 2**128 can tell the difference). One aminmax pass over k and over v."""
-    for name, x in (("k", k), ("v", v)):
-        lo, hi = check_finite(name, x)
-        span = torch.tensor(hi, dtype=torch.float32) - torch.tensor(lo, dtype=torch.float32)
-        if not bool(torch.isfinite(span)):
+    more than 2**128 can tell the difference). One aminmax pass over k and over v and one
+    device sync: on a GPU it stalls the stream's pipelining (docs/codec.md gives the cost)."""
+    ends = torch.stack([*torch.aminmax(k.detach()), *torch.aminmax(v.detach())]).cpu().float()
+    for i, (name, x) in enumerate((("k", k), ("v", v))):
+        lo, hi = ends[2 * i], ends[2 * i + 1]
+        if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
+            check_finite(name, x)  # raises, naming the first non-finite value
+        if not bool(torch.isfinite(hi - lo)):  # float32 arithmetic, as the kernels'
             raise ValueError(range_error(name, x))
 
 

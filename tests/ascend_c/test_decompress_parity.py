@@ -81,3 +81,23 @@ def test_rejects_wrong_streams(host_build):
     with pytest.raises(ValueError, match="slot_mapping"):
         host_build.decompress_paged(enc.anchor, enc.residual, cache, cache.clone(),
                                     torch.zeros(40, dtype=torch.float32), 40)
+
+
+@pytest.mark.parametrize("stage", ["anchor", "full"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_the_largest_finite_inputs_decode_finite_and_identical(host_build, stage, dtype):
+    """Issue 18: float16 at +-65504 used to decode to Inf (rounded scalars overshoot by a
+    hair); the kernel saturates to the dtype's finite range as the reference does."""
+    top = 65504.0 if dtype == torch.float16 else 2.0 ** 126
+    codec = LynxCodec("default", page_size=64, chunk_size=16)
+    g = torch.Generator().manual_seed(5)
+    k = ((torch.rand(2, 150, 64, generator=g) * 2 - 1) * top).to(dtype)
+    k[:, 10], k[:, 11] = top, -top
+    v = k.flip(1).contiguous()
+    enc = codec.encode(k, v)
+    want_k, want_v = codec.decode(enc, stage)
+    assert bool(torch.isfinite(want_k).all() and torch.isfinite(want_v).all())
+    got_k, got_v = host_build.decompress(enc.anchor, enc.residual, tuple(k.shape), dtype,
+                                         codec.config, stage=stage)
+    assert torch.equal(_bits(got_k), _bits(want_k))
+    assert torch.equal(_bits(got_v), _bits(want_v))

@@ -220,3 +220,33 @@ def test_sigma_reciprocal_is_exact_for_every_float16(table):
     s = sigma.cpu().double()
     want = torch.where(s > 0, 1.0 / s, 0.0).float()  # double rounding is exact for division
     assert torch.equal(out.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_the_largest_finite_inputs_decompress_finite_and_as_the_reference(dtype):
+    """Issue 18: float16 at +-65504 decoded to Inf (rounded scalars overshoot by a hair);
+    the kernel saturates to the dtype's finite range as the reference decoder does."""
+    cfg = config(center="midrange")
+    top = 65504.0 if dtype == torch.float16 else 2.0 ** 126
+    g = torch.Generator().manual_seed(5)
+    k = ((torch.rand(HEADS, 150, HEAD_DIM, generator=g) * 2 - 1) * top).to(dtype)
+    k[:, 10], k[:, 11] = top, -top
+    v = k.flip(1).contiguous()
+    a, r = reference_streams(cfg, k, v)
+    enc = codec(cfg)._wrap(tuple(k.shape), dtype, a, r)
+    for stage, res in (("anchor", None), ("full", r)):
+        wk, wv = codec(cfg).decode(enc, stage)
+        assert bool(torch.isfinite(wk).all() and torch.isfinite(wv).all()), stage
+        gk, gv = ops.decompress(a.to(DEVICE), res.to(DEVICE) if res is not None else None,
+                                cfg, k.shape, dtype, backend="triton")
+        assert torch.equal(gk.cpu(), wk) and torch.equal(gv.cpu(), wv), stage
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_compress_refuses_non_finite_input(bad):
+    """Issue 18: ops.compress accepted NaN / Inf (one +Inf turned 256 outputs NaN)."""
+    cfg = config()
+    k, v = random_kv(HEADS, 70, HEAD_DIM, torch.bfloat16, seed=4)
+    v[0, 69, 3] = bad
+    with pytest.raises(ValueError, match=r"v contains NaN or Inf \(first at index \(0, 69, 3\)"):
+        ops.compress(k.to(DEVICE), v.to(DEVICE), cfg, backend="triton")
