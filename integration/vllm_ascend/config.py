@@ -10,30 +10,143 @@ Pure Python (no vLLM import), so it can be validated and tested on its own.
 Per request (``SamplingParams.extra_args["kv_transfer_params"]`` or the OpenAI API's
 ``kv_transfer_params`` field): ``{"lynx": {"transfer_id": 42}}`` on both instances, plus
 optionally ``"codec"`` / ``"peer"`` on the prefill instance.
+
+Parsing is strict, and every error names the key and the value (docs/deploy.md's table states
+each rule):
+
+- booleans are JSON booleans; the strings ``"true"`` and ``"false"`` (exactly, lower case)
+  are read as them at the edge (``from_vllm`` / ``from_request``), anything else is an error
+  (``"false"`` used to turn an option on, being a non-empty string);
+- numbers are ints or floats (never bools), finite, in a stated range;
+- hosts are an IP address or an ASCII host name (RFC 1123 labels), never empty (an empty
+  listen address meant every interface: say ``0.0.0.0`` to mean that); peers are
+  ``host:port`` or ``[ipv6]:port`` with an ASCII decimal port in [1, 65535] and no spaces,
+  scheme or path;
+- codec names are checked against the codec registry when the config is built;
+- the shared secret needs real entropy, not only length (``check_secret``).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import ipaddress
 import math
+import re
 from dataclasses import dataclass
+
+from lynx_npu.codec.registry import list_codecs
 
 ROLES = {"kv_producer": "producer", "kv_consumer": "consumer"}
 PARAMS_KEY = "lynx"
 WIRE_DTYPES = (None, "bfloat16", "float16")
+BOOLS = {True: True, False: False, "true": True, "false": False}
+MIN_SECRET_CHARS = 16
+MIN_SECRET_BITS = 64.0
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+_PORT = re.compile(r"[0-9]{1,5}")
 
 
 def _fields(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def parse_peer(peer: str) -> tuple[str, int]:
-    """``"host:port"`` -> (host, port)."""
+def _bool_fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.type in ("bool", bool)}
+
+
+def check_host(name: str, host) -> str:
+    """An IP address or an ASCII host name -> itself (IPv6 without brackets)."""
+    if not isinstance(host, str) or not host:
+        raise ValueError(f"{name}={host!r} must be a host name or IP address (an empty host "
+                         f"would mean every interface: write 0.0.0.0 for that)")
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if (len(host) > 253 or not host.isascii() or not _HOSTNAME.fullmatch(host)
+            or re.fullmatch(r"[0-9.]+", host)):
+        raise ValueError(f"{name}={host!r} must be an IP address or an ASCII host name "
+                         f"(letters, digits, '-' and '.')")
+    return host
+
+
+def parse_peer(peer: str, name: str = "peer") -> tuple[str, int]:
+    """``"host:port"`` or ``"[ipv6]:port"`` -> (host, port), strictly (``check_host``)."""
     if not isinstance(peer, str) or ":" not in peer:
-        raise ValueError(f"{peer=} must be 'host:port'")
+        raise ValueError(f"{name}={peer!r} must be 'host:port'")
     host, _, port = peer.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{peer=} must be 'host:port' with a port in [1, 65535]")
-    return host, int(port)
+    if not _PORT.fullmatch(port) or not 0 < int(port) < 65536:
+        raise ValueError(f"{name}={peer!r} must be 'host:port' with a decimal port in "
+                         f"[1, 65535]")
+    if host.startswith("[") and host.endswith("]"):
+        inner = host[1:-1]
+        try:
+            if ipaddress.ip_address(inner).version == 6:
+                return str(ipaddress.ip_address(inner)), int(port)
+        except ValueError:
+            pass
+        raise ValueError(f"{name}={peer!r}: {host} must be an IPv6 address in brackets")
+    try:
+        if ":" in host:
+            raise ValueError("an IPv6 address needs brackets")
+        check_host(name, host)
+    except ValueError:
+        raise ValueError(f"{name}={peer!r} must be 'host:port' with an IP address or ASCII "
+                         f"host name (no spaces, scheme or path; IPv6 as [addr]:port)") from None
+    return check_host(name, host), int(port)
+
+
+def check_number(name: str, value, low: float, high: float, *, integer: bool = False,
+                 low_open: bool = False):
+    """An int (or, unless ``integer``, a float), never a bool, finite, in [low, high]
+    ((low, high] with ``low_open``)."""
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise ValueError(f"{name}={value!r} must be {'an int' if integer else 'a number'}, "
+                         f"got {type(value).__name__}")
+    ok = math.isfinite(value) and (low < value if low_open else low <= value) and value <= high
+    if not ok:
+        raise ValueError(f"{name}={value!r} must be a finite number in "
+                         f"{'(' if low_open else '['}{low:g}, {high:g}]")
+    return value
+
+
+def parse_bool(name: str, value) -> bool:
+    """A JSON boolean, or exactly the string "true" / "false"."""
+    if isinstance(value, (bool, str)) and value in BOOLS:
+        return BOOLS[value]
+    raise ValueError(f"{name}={value!r} must be true or false (a JSON boolean, or the string "
+                     f"\"true\" / \"false\")")
+
+
+def check_codec(name: str, codec) -> None:
+    if not isinstance(codec, str) or codec not in list_codecs():
+        raise ValueError(f"{name}={codec!r} is not a codec; codecs: {', '.join(list_codecs())}")
+
+
+def secret_bits(secret: str) -> float:
+    """Estimated entropy of a secret: its length times the Shannon entropy of its own character
+    frequencies (repeats and small alphabets count against it). A floor against careless
+    secrets, not a proof of randomness."""
+    counts = collections.Counter(secret)
+    n = len(secret)
+    return n * sum(c / n * math.log2(n / c) for c in counts.values())
+
+
+def check_secret(secret) -> None:
+    """At least 16 characters and an estimated entropy (``secret_bits``) of at least 64 bits:
+    ``secrets.token_hex(16)`` (~120 bits by this estimate) passes; 16 spaces (0 bits),
+    "aaaaaaaabbbbbbbb" (16 bits) or "password12345678" (~62 bits) do not."""
+    if not isinstance(secret, str):
+        raise ValueError(f"secret must be a string, got {type(secret).__name__}")
+    bits = secret_bits(secret)
+    if len(secret) < MIN_SECRET_CHARS or bits < MIN_SECRET_BITS:
+        # the value itself is never echoed
+        raise ValueError(f"secret has {len(secret)} characters and ~{bits:.0f} bits of "
+                         f"estimated entropy; it needs >= {MIN_SECRET_CHARS} characters and "
+                         f">= {MIN_SECRET_BITS:.0f} bits (e.g. python -c 'import secrets; "
+                         f"print(secrets.token_hex(16))')")
 
 
 @dataclass(frozen=True)
@@ -60,43 +173,46 @@ class LynxConnectorConfig:
     # does not share the host's CPU (and the GIL) with residual decoding (docs/demo.md).
     defer_residual: bool = True
     # both
-    secret: str | None = None          # shared secret (>= 16 chars) authenticating the peers
+    secret: str | None = None          # shared secret authenticating the peers (check_secret)
 
     def __post_init__(self):
         if self.role not in ROLES.values():
             raise ValueError(f"{self.role=} must be one of {sorted(ROLES.values())}")
-        if not isinstance(self.codec, str) or not self.codec:
-            raise ValueError(f"{self.codec=} must be a codec name")
+        check_codec("codec", self.codec)
         if self.peer is not None:
             parse_peer(self.peer)
         if self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"{self.wire_dtype=} must be one of {list(WIRE_DTYPES)}")
-        if self.gbps is not None and not (isinstance(self.gbps, (int, float))
-                                          and math.isfinite(self.gbps) and self.gbps > 0):
-            raise ValueError(f"{self.gbps=} must be a positive number or None")
-        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
-            raise ValueError(f"{self.port=} must be a TCP port in [0, 65535]")
-        if not isinstance(self.max_drafts, int) or not 0 <= self.max_drafts <= 120:
-            # vLLM verifies at most 128 spec tokens per step; keep headroom for its padding.
-            raise ValueError(f"{self.max_drafts=} must be an int in [0, 120]")
-        for name in ("residual_timeout_s", "transfer_timeout_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name}={value!r} must be > 0")
-        if not isinstance(self.num_decode_threads, int) or self.num_decode_threads < 1:
-            raise ValueError(f"{self.num_decode_threads=} must be an int >= 1")
-        if self.secret is not None and (not isinstance(self.secret, str) or len(self.secret) < 16):
-            raise ValueError("secret must be a string of at least 16 characters")
+        if self.gbps is not None:
+            check_number("gbps", self.gbps, 0, 1e5, low_open=True)
+        check_host("host", self.host)
+        check_number("port", self.port, 0, 65535, integer=True)
+        # vLLM verifies at most 128 spec tokens per step; keep headroom for its padding.
+        check_number("max_drafts", self.max_drafts, 0, 120, integer=True)
+        check_number("residual_timeout_s", self.residual_timeout_s, 0, 3600, low_open=True)
+        check_number("transfer_timeout_s", self.transfer_timeout_s, 0, 86400, low_open=True)
+        check_number("num_decode_threads", self.num_decode_threads, 1, 64, integer=True)
+        if not isinstance(self.defer_residual, bool):
+            raise ValueError(f"{self.defer_residual=} must be a bool")
+        if self.secret is not None:
+            check_secret(self.secret)
 
     @classmethod
     def from_vllm(cls, kv_role: str, extra: dict | None) -> "LynxConnectorConfig":
         if kv_role not in ROLES:
             raise ValueError(f"{kv_role=} must be one of {sorted(ROLES)} for the Lynx connector")
+        if extra is not None and not isinstance(extra, dict):
+            raise ValueError(f"kv_connector_extra_config must be a dict, got "
+                             f"{type(extra).__name__}")
         extra = dict(extra or {})
         unknown = (set(extra) - _fields(cls)) | ({"role"} & set(extra))
         if unknown:
             raise ValueError(f"unknown kv_connector_extra_config keys for the Lynx connector: "
-                             f"{sorted(unknown)}; known: {sorted(_fields(cls) - {'role'})}")
+                             f"{sorted(unknown, key=str)}; known: "
+                             f"{sorted(_fields(cls) - {'role'})}")
+        for name in _bool_fields(cls):
+            if name in extra:
+                extra[name] = parse_bool(name, extra[name])
         return cls(role=ROLES[kv_role], **extra)
 
     @property
@@ -120,28 +236,34 @@ class TransferParams:
             raise ValueError(f"{self.transfer_id=} must be an int in [1, 2**63)")
         if self.peer is not None:
             parse_peer(self.peer)
-        if self.codec is not None and (not isinstance(self.codec, str) or not self.codec):
-            raise ValueError(f"{self.codec=} must be a codec name")
+        if self.codec is not None:
+            check_codec("codec", self.codec)
         if not isinstance(self.drop_residual, bool):
             raise ValueError(f"{self.drop_residual=} must be a bool")
-        if self.max_drafts is not None and (not isinstance(self.max_drafts, int)
-                                            or not 0 <= self.max_drafts <= 120):
-            raise ValueError(f"{self.max_drafts=} must be an int in [0, 120] or None")
+        if self.max_drafts is not None:
+            check_number("max_drafts", self.max_drafts, 0, 120, integer=True)
 
     @classmethod
     def from_request(cls, kv_transfer_params: dict | None) -> "TransferParams | None":
         """None when the request carries no Lynx parameters (it is then served locally)."""
-        if not kv_transfer_params or PARAMS_KEY not in kv_transfer_params:
+        if kv_transfer_params is None:
+            return None
+        if not isinstance(kv_transfer_params, dict):
+            raise ValueError(f"kv_transfer_params must be a dict, got "
+                             f"{type(kv_transfer_params).__name__}")
+        if PARAMS_KEY not in kv_transfer_params:
             return None
         raw = kv_transfer_params[PARAMS_KEY]
         if not isinstance(raw, dict):
-            raise ValueError(f"kv_transfer_params[{PARAMS_KEY!r}] must be a dict, got {raw!r}")
+            raise ValueError(f"kv_transfer_params[{PARAMS_KEY!r}] must be a dict, got "
+                             f"{type(raw).__name__} {raw!r:.60}")
         unknown = set(raw) - _fields(cls)
         if unknown:
-            raise ValueError(f"unknown kv_transfer_params[{PARAMS_KEY!r}] keys {sorted(unknown)}; "
-                             f"known: {sorted(_fields(cls))}")
+            raise ValueError(f"unknown kv_transfer_params[{PARAMS_KEY!r}] keys "
+                             f"{sorted(unknown, key=str)}; known: {sorted(_fields(cls))}")
         if "transfer_id" not in raw:
             raise ValueError(f"kv_transfer_params[{PARAMS_KEY!r}] needs a transfer_id")
+        raw = {k: parse_bool(k, v) if k in _bool_fields(cls) else v for k, v in raw.items()}
         return cls(**raw)
 
     def to_dict(self) -> dict:

@@ -1,8 +1,13 @@
-"""Connector configuration and per-request parameters: validation names the bad value."""
+"""Connector configuration and per-request parameters: validation names the bad value, and
+parsing is strict (issue 18 item 10: booleans, numbers, hosts, peers, codecs, secrets)."""
+import secrets
+
 import pytest
 
 from lynx_npu.integration.vllm_ascend.config import (LynxConnectorConfig, TransferParams,
-                                                     parse_peer)
+                                                     parse_peer, secret_bits)
+
+GOOD_SECRET = "8854f32bc1c197af688b08a6d1008b82"  # secrets.token_hex(16)
 
 
 def test_roles_and_defaults():
@@ -52,6 +57,110 @@ def test_bad_transfer_params_are_named(raw, match):
 
 
 def test_parse_peer():
-    assert parse_peer("[::1]:80") == ("[::1]", 80)
+    assert parse_peer("[::1]:80") == ("::1", 80)  # what a socket connects to
+    assert parse_peer("10.0.0.2:17100") == ("10.0.0.2", 17100)
+    assert parse_peer("decode-1.cluster.local:17100") == ("decode-1.cluster.local", 17100)
     with pytest.raises(ValueError, match="peer"):
         parse_peer("host:0")
+
+
+@pytest.mark.parametrize("peer", [
+    " host:80", "host:80 ", "http://h:80", "h:80/x", "host:\u0668\u0660",  # Arabic-Indic 80
+    "h\u00f6st:80", "host:+80", "host:080000", ":80", "host:", "[10.0.0.1]:80", "::1:80",
+    "999.1.1.1:80", "a..b:80", "-a:80", "[::1:80", "host", 80, "",
+])
+def test_a_peer_is_parsed_strictly(peer):
+    with pytest.raises(ValueError, match="peer"):
+        parse_peer(peer)
+    with pytest.raises(ValueError, match="peer"):
+        LynxConnectorConfig.from_vllm("kv_producer", {"peer": peer})
+    with pytest.raises(ValueError, match="peer"):
+        TransferParams.from_request({"lynx": {"transfer_id": 1, "peer": peer}})
+
+
+@pytest.mark.parametrize("key", ["defer_residual"])
+def test_booleans_are_booleans_or_exactly_true_false(key):
+    for given, want in ((True, True), (False, False), ("true", True), ("false", False)):
+        c = LynxConnectorConfig.from_vllm("kv_consumer", {key: given})
+        assert getattr(c, key) is want
+    for bad in ("False", "no", "0", "", 0, 1, None, [], "false "):
+        with pytest.raises(ValueError, match=f"{key}="):
+            LynxConnectorConfig.from_vllm("kv_consumer", {key: bad})
+    with pytest.raises(ValueError, match=key):
+        LynxConnectorConfig(role="consumer", **{key: "false"})  # the dataclass itself: bools
+
+
+def test_drop_residual_is_a_boolean_too():
+    t = TransferParams.from_request({"lynx": {"transfer_id": 1, "drop_residual": "false"}})
+    assert t.drop_residual is False
+    with pytest.raises(ValueError, match="drop_residual"):
+        TransferParams.from_request({"lynx": {"transfer_id": 1, "drop_residual": "yes"}})
+
+
+@pytest.mark.parametrize("role, extra, match", [
+    ("kv_consumer", {"residual_timeout_s": float("inf")}, r"residual_timeout_s=inf must be a "
+                                                          r"finite number in \(0, 3600\]"),
+    ("kv_consumer", {"transfer_timeout_s": float("nan")}, "transfer_timeout_s=nan"),
+    ("kv_consumer", {"transfer_timeout_s": 10**6}, r"in \(0, 86400\]"),
+    ("kv_consumer", {"residual_timeout_s": True}, "must be a number, got bool"),
+    ("kv_consumer", {"residual_timeout_s": "30"}, "must be a number, got str"),
+    ("kv_consumer", {"num_decode_threads": 10**6}, r"num_decode_threads=1000000 must be a "
+                                                   r"finite number in \[1, 64\]"),
+    ("kv_consumer", {"num_decode_threads": 2.0}, "num_decode_threads=2.0 must be an int"),
+    ("kv_consumer", {"port": True}, "port=True must be an int"),
+    ("kv_consumer", {"max_drafts": False}, "max_drafts=False must be an int"),
+    ("kv_producer", {"gbps": float("inf")}, "gbps=inf"),
+    ("kv_producer", {"gbps": True}, "gbps=True"),
+    ("kv_consumer", {"host": ""}, "host='' must be a host name or IP address .*0.0.0.0"),
+    ("kv_consumer", {"host": " 127.0.0.1"}, "host=' 127.0.0.1' must be"),
+    ("kv_consumer", {"host": "h\u00f6st"}, "ASCII host name"),
+    ("kv_consumer", {"host": None}, "host=None"),
+    ("kv_producer", {"codec": "zstd"}, "codec='zstd' is not a codec; codecs: bf16, "),
+    ("kv_producer", {"codec": "LYNX"}, "codec='LYNX' is not a codec"),
+    ("kv_producer", {"secret": " " * 16}, r"secret has 16 characters and ~0 bits"),
+    ("kv_producer", {"secret": "a" * 64}, "~0 bits"),
+    ("kv_producer", {"secret": "aaaaaaaabbbbbbbb"}, "~16 bits"),
+    ("kv_producer", {"secret": "password12345678"}, "~62 bits"),
+    ("kv_producer", {"secret": 1234567890123456789}, "secret must be a string"),
+])
+def test_bad_values_are_refused_by_name(role, extra, match):
+    with pytest.raises(ValueError, match=match):
+        LynxConnectorConfig.from_vllm(role, extra)
+
+
+def test_the_secret_is_never_echoed():
+    with pytest.raises(ValueError) as e:
+        LynxConnectorConfig.from_vllm("kv_producer", {"secret": "hunter2hunter2hunter2"})
+    assert "hunter2" not in str(e.value)
+
+
+def test_good_values_pass():
+    c = LynxConnectorConfig.from_vllm("kv_consumer", {
+        "host": "0.0.0.0", "port": 17100, "residual_timeout_s": 30, "transfer_timeout_s": 600.0,
+        "num_decode_threads": 4, "secret": GOOD_SECRET})
+    assert (c.host, c.num_decode_threads) == ("0.0.0.0", 4)
+    assert LynxConnectorConfig.from_vllm("kv_consumer", {"host": "::1"}).host == "::1"
+    assert LynxConnectorConfig.from_vllm("kv_consumer", {"host": "decode-0"}).host == "decode-0"
+    for _ in range(20):  # every secret the docs' recipe makes passes
+        LynxConnectorConfig.from_vllm("kv_producer", {"secret": secrets.token_hex(16)})
+    assert secret_bits(GOOD_SECRET) > 100
+
+
+def test_a_request_codec_is_checked_against_the_registry():
+    with pytest.raises(ValueError, match="codec='nope' is not a codec"):
+        TransferParams.from_request({"lynx": {"transfer_id": 1, "codec": "nope"}})
+    with pytest.raises(ValueError, match="max_drafts=True must be an int"):
+        TransferParams.from_request({"lynx": {"transfer_id": 1, "max_drafts": True}})
+
+
+@pytest.mark.parametrize("params, match", [
+    ("lynx", "kv_transfer_params must be a dict, got str"),
+    (["lynx"], "kv_transfer_params must be a dict, got list"),
+    (5, "kv_transfer_params must be a dict, got int"),
+    ({"lynx": "x"}, r"kv_transfer_params\['lynx'\] must be a dict, got str"),
+    ({"lynx": [1]}, r"must be a dict, got list"),
+    ({"lynx": {1: 2, "transfer_id": 1}}, "unknown kv_transfer_params"),
+])
+def test_malformed_request_params_are_value_errors(params, match):
+    with pytest.raises(ValueError, match=match):
+        TransferParams.from_request(params)
