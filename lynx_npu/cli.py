@@ -3,6 +3,12 @@
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
 ``run(args) -> int``; modules are imported only when their command runs, so ``lynx --help``
 stays fast and a missing optional dependency only breaks the command that needs it.
+
+Errors are one line on stderr and a non-zero exit, never a traceback: a bad argument is
+refused when the command line is parsed (the types of lynx_npu/cli_types.py; exit 2); a
+``ValueError`` (this package's user errors name the value), an unavailable backend, an
+``OSError`` or Ctrl-C during the run exits 1 (130 for Ctrl-C) with its message.
+``LYNX_DEBUG=1`` shows the traceback instead.
 """
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import argparse
 import contextlib
 import io
 import importlib
+import os
 import sys
 
 # (group, command) -> (module, one-line help). A group of None is a top-level command.
@@ -23,9 +30,19 @@ COMMANDS: dict[tuple[str | None, str], tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (usage is one ``--help`` away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
 def _build_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lynx", description=__doc__.splitlines()[0],
-                                     add_help=add_help)
+    parser = _Parser(prog="lynx", description=__doc__.splitlines()[0], add_help=add_help)
     top = parser.add_subparsers(dest="group", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
     for (group, name), (module, help_) in COMMANDS.items():
@@ -60,7 +77,19 @@ def main(argv: list[str] | None = None) -> int:
             leaf = leaf._subparsers._group_actions[0].choices[known.command]
         module.add_arguments(leaf)
     args = sub.parse_args(argv)
-    return int(module.run(args) or 0)
+    prog = " ".join(["lynx", known.group] + ([known.command] if getattr(known, "command", None)
+                                             else []))
+    if os.environ.get("LYNX_DEBUG") == "1":
+        return int(module.run(args) or 0)
+    from lynx_npu.ops.backends import BackendUnavailable
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, BackendUnavailable, OSError) as e:
+        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -36,9 +36,10 @@ import time
 
 import torch
 
-from lynx_npu.codec.lynx_config import make_config
+from lynx_npu.cli_types import MAX_TOKENS, int_in, names, output_file
+from lynx_npu.codec.lynx_config import PRESETS, make_config
 from lynx_npu import ops
-from lynx_npu.ops.kv_layouts import get_layout
+from lynx_npu.ops.kv_layouts import KV_CACHE_LAYOUTS, get_layout
 
 PAGED_LAYOUT = {"cuda": "vllm_flash_nhd", "cpu": "vllm_cpu", "npu": "vllm_ascend"}
 DEFAULT_SHAPE = {"cpu": (30, 3, 8192, 64), "cuda": (1, 256, 16384, 128),
@@ -50,22 +51,26 @@ OPS = ("compress", "decompress_anchor", "decompress_full", "decompress_paged")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda", "npu"),
                         help="default: cuda if available, else cpu")
-    parser.add_argument("--backend", default=None,
+    parser.add_argument("--backend", type=names([b.value for b in ops.Backend], "backend"),
+                        default=None,
                         help="comma-separated backends (default: the device's automatic choice)")
-    parser.add_argument("--json", metavar="OUT.json", help="write the results here")
-    parser.add_argument("--layers", type=int)
-    parser.add_argument("--kv-heads", type=int)
-    parser.add_argument("--tokens", type=int)
-    parser.add_argument("--head-dim", type=int)
+    parser.add_argument("--json", type=output_file, metavar="OUT.json",
+                        help="write the results here")
+    parser.add_argument("--layers", type=int_in(1, 1024))
+    parser.add_argument("--kv-heads", type=int_in(1, 1024))
+    parser.add_argument("--tokens", type=int_in(1, MAX_TOKENS))
+    parser.add_argument("--head-dim", type=int_in(1, 4096))
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
-    parser.add_argument("--preset", default=None, help="lynx config preset (default: default)")
+    parser.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                        help="lynx config preset (default: default)")
     parser.add_argument("--center", default=None, choices=["mean", "midrange"],
                         help="chunk centre (default: the preset's)")
-    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {OPS}")
-    parser.add_argument("--repeats", type=int, default=None,
+    parser.add_argument("--ops", type=names(OPS, "op"), default=",".join(OPS),
+                        help=f"comma-separated subset of {OPS}")
+    parser.add_argument("--repeats", type=int_in(1, 100000), default=None,
                         help="timed repetitions (default 10 on accelerators, 5 on cpu)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--paged-layout", default=None,
+    parser.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0)
+    parser.add_argument("--paged-layout", default=None, choices=sorted(KV_CACHE_LAYOUTS),
                         help="KV cache layout of decompress_paged (ops/kv_layouts.py; default: "
                              + ", ".join(f"{d} {n}" for d, n in PAGED_LAYOUT.items()) + ")")
     parser.add_argument("--block-order", choices=("random", "sequential"), default="random",

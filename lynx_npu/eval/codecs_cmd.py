@@ -13,6 +13,8 @@ import json
 import pathlib
 import time
 
+from lynx_npu.cli_types import names, output_file
+
 from .codec_specs import select_codecs
 from .evaluate import CodecResult, evaluate_codec
 from .kv_source import add_capture_arguments, capture_from_args
@@ -22,8 +24,9 @@ from .progress import log
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_capture_arguments(parser)
-    parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
-    parser.add_argument("--codecs", default=None,
+    parser.add_argument("--json", dest="json_path", type=output_file, default=None,
+                        help="write the results here (its directory must exist)")
+    parser.add_argument("--codecs", type=names(what="codec spec"), default=None,
                         help="comma-separated codec specs (name or name:key=value:...); "
                              "default: every registered codec")
     parser.add_argument("--codec-arg", action="append", default=[], metavar="CODEC:KEY=VALUE",

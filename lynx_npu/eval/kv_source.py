@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lynx_npu.cli_types import MAX_TOKENS, existing_path, int_in, layer_list
+
 from .evaluate import LayerRef, build_refs
 from .progress import log, progress, set_enabled
 
@@ -16,15 +18,16 @@ KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": to
 
 def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="model to capture KV from (default smollm2)")
-    parser.add_argument("--data", default="../shared/data/paul_graham_essays",
+    parser.add_argument("--data", type=existing_path, default="../shared/data/paul_graham_essays",
                         help="folder of .txt essays, concatenated in sorted order")
-    parser.add_argument("--tokens", type=int, default=4096, help="sequence length (default 4096)")
-    parser.add_argument("--queries", type=int, default=256,
+    parser.add_argument("--tokens", type=int_in(1, MAX_TOKENS), default=4096,
+                        help="sequence length (default 4096)")
+    parser.add_argument("--queries", type=int_in(1, MAX_TOKENS), default=256,
                         help="last positions used as causal queries for attention vNMSE (default 256)")
     parser.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bfloat16",
                         help="dtype the KV cache is stored in and the codecs read (default bfloat16; "
                              "the model computes in float32)")
-    parser.add_argument("--layers", default=None,
+    parser.add_argument("--layers", type=layer_list, default=None,
                         help="layer subset, e.g. '0-3,10' (default: every layer)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 

@@ -52,7 +52,10 @@ class OpsLynxCodec:
 
 
 def add_backend_argument(parser) -> None:
+    from lynx_npu.ops import Backend
+
     parser.add_argument("--lynx-backend", default="reference",
+                        choices=["reference", *(b.value for b in Backend)],
                         help="run the lynx codecs on a lynx_npu.ops backend (auto, cpu, torch, "
                              "triton, ...) instead of the pure-PyTorch reference (default)")
 

@@ -17,6 +17,8 @@ import json
 import pathlib
 import time
 
+from lynx_npu.cli_types import names, output_file
+
 from .codec_specs import parse_value
 from .evaluate import evaluate_codec
 from .kv_source import add_capture_arguments, capture_from_args
@@ -37,16 +39,20 @@ SWEEPS: dict[str, tuple[str, str]] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_capture_arguments(parser)
-    parser.add_argument("--json", dest="json_path", default="sweep.json", help="results JSON")
-    parser.add_argument("--plot", default=None, help="PNG path (default: the JSON path with .png)")
+    parser.add_argument("--json", dest="json_path", type=output_file, default="sweep.json",
+                        help="results JSON (its directory must exist)")
+    parser.add_argument("--plot", type=output_file, default=None,
+                        help="PNG path (default: the JSON path with .png)")
     parser.add_argument("--preset", default=None, help="base lynx preset (default: the codec default)")
     parser.add_argument("--set", dest="base_set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a base lynx parameter (repeatable)")
-    parser.add_argument("--sweep", default=",".join(SWEEPS),
+    parser.add_argument("--sweep", type=names(SWEEPS, "swept parameter"),
+                        default=",".join(SWEEPS),
                         help=f"parameters to sweep (default all: {','.join(SWEEPS)})")
     add_backend_argument(parser)
     for param, (flag, default) in SWEEPS.items():
         parser.add_argument(flag, dest=f"values_{param}", default=default,
+                            type=names(what="value"),
                             help=f"values of {param} (default {default})")
 
 

@@ -31,27 +31,40 @@ import signal
 import sys
 import time
 
+from lynx_npu.cli_types import MAX_TOKENS, int_in, names, number_in, output_file
+
 SMOLLM2 = {"layers": 30, "kv_heads": 3, "head_dim": 64}
 WARMUP_TOKENS = 1024
 
 
+def _codec_names() -> list[str]:
+    import lynx_npu
+    return lynx_npu.list_codecs()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gbps", type=float, default=1.0, help="link rate limit (Gbps)")
-    parser.add_argument("--tokens", type=int, default=8192, help="prompt tokens per request")
-    parser.add_argument("--codec", default="bf16,int8,int4,lynx",
+    parser.add_argument("--gbps", type=number_in(0, 1e5, low_open=True), default=1.0,
+                        help="link rate limit (Gbps, in (0, 100000])")
+    parser.add_argument("--tokens", type=int_in(1, MAX_TOKENS), default=8192,
+                        help="prompt tokens per request")
+    parser.add_argument("--codec", type=names(_codec_names, "codec"),
+                        default="bf16,int8,int4,lynx",
                         help="comma-separated codec names (lynx_npu.list_codecs())")
-    parser.add_argument("--json", metavar="OUT.json", help="write the results here")
-    parser.add_argument("--plot", metavar="OUT.png", help="write a timeline plot here")
-    parser.add_argument("--layers", type=int, default=SMOLLM2["layers"])
-    parser.add_argument("--kv-heads", type=int, default=SMOLLM2["kv_heads"])
-    parser.add_argument("--head-dim", type=int, default=SMOLLM2["head_dim"])
-    parser.add_argument("--connections", type=int, default=1, help="TCP connections")
+    parser.add_argument("--json", type=output_file, metavar="OUT.json",
+                        help="write the results here")
+    parser.add_argument("--plot", type=output_file, metavar="OUT.png",
+                        help="write a timeline plot here")
+    parser.add_argument("--layers", type=int_in(1, 1024), default=SMOLLM2["layers"])
+    parser.add_argument("--kv-heads", type=int_in(1, 1024), default=SMOLLM2["kv_heads"])
+    parser.add_argument("--head-dim", type=int_in(1, 4096), default=SMOLLM2["head_dim"])
+    parser.add_argument("--connections", type=int_in(1, 16), default=1,
+                        help="TCP connections, in [1, 16] (the receiver's max_connections)")
     parser.add_argument("--encode-inline", action="store_true",
                         help="compress during the transfer (pipelined) instead of before it")
     parser.add_argument("--dequantize", action="store_true",
                         help="the receiver dequantizes every page into a KV cache on arrival")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=600.0,
+    parser.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0)
+    parser.add_argument("--timeout", type=number_in(0, 86400, low_open=True), default=600.0,
                         help="seconds before a transfer counts as failed")
 
 
@@ -225,16 +238,7 @@ def measure(opts: dict) -> tuple[list[dict], dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import lynx_npu
-
-    codecs = [c.strip() for c in args.codec.split(",") if c.strip()]
-    known = lynx_npu.list_codecs()
-    for name in codecs:
-        if name not in known:
-            raise SystemExit(f"unknown codec {name!r}; known codecs: {', '.join(known)}")
-    for name in ("gbps", "tokens", "layers", "kv_heads", "head_dim", "connections", "timeout"):
-        if not getattr(args, name) > 0:
-            raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)} must be > 0")
+    codecs = [c.strip() for c in args.codec.split(",")]  # checked by its argparse type
     opts = {"gbps": args.gbps, "tokens": args.tokens, "codecs": codecs, "layers": args.layers,
             "kv_heads": args.kv_heads, "head_dim": args.head_dim,
             "connections": args.connections, "encode_inline": args.encode_inline,

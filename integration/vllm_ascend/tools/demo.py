@@ -15,39 +15,40 @@ import multiprocessing
 import sys
 import time
 
+from lynx_npu.cli_types import (existing_path, int_in, names, not_a_file, number_in,
+                                optional_output_file, output_file)
+
 MODES = ("bf16", "int8", "int4", "lynx-int8", "lynx")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gbps", type=float, default=0.2,
+    parser.add_argument("--gbps", type=number_in(0, 1e5, low_open=True), default=0.2,
                         help="emulated prefill->decode link rate in Gbit/s (default 0.2: the "
                              "transfer dominates on this small model)")
-    parser.add_argument("--prompts", type=int, default=3, help="QMSum prompts (default 3)")
-    parser.add_argument("--prompt-tokens", type=int, default=1536,
+    parser.add_argument("--prompts", type=int_in(1, 1000), default=3,
+                        help="QMSum prompts (default 3)")
+    parser.add_argument("--prompt-tokens", type=int_in(1, 32768), default=1536,
                         help="tokens per prompt (default 1536)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens decoded per run")
-    parser.add_argument("--modes", default=",".join(MODES),
+    parser.add_argument("--max-tokens", type=int_in(1, 4096), default=64,
+                        help="tokens decoded per run")
+    parser.add_argument("--modes", type=names(MODES, "mode"), default=",".join(MODES),
                         help=f"comma-separated codecs (default {','.join(MODES)})")
-    parser.add_argument("--max-drafts", type=int, default=64,
+    parser.add_argument("--max-drafts", type=int_in(0, 120), default=64,
                         help="drafts per request before waiting for the residual (default 64)")
-    parser.add_argument("--data", default=None,
+    parser.add_argument("--data", type=existing_path, default=None,
                         help="QMSum val.jsonl (default ../shared/data/qmsum/val.jsonl from the "
                              "repository root)")
-    parser.add_argument("--json", dest="json_out", default=None, metavar="OUT",
-                        help="write the summary JSON here")
-    parser.add_argument("--plot", default="lynx_demo_ttkt.png", metavar="PNG",
+    parser.add_argument("--json", dest="json_out", type=output_file, default=None,
+                        metavar="OUT", help="write the summary JSON here")
+    parser.add_argument("--plot", type=optional_output_file, default="lynx_demo_ttkt.png",
+                        metavar="PNG",
                         help="time-to-k-th-token plot (default lynx_demo_ttkt.png; '' for none)")
-    parser.add_argument("--model-dir", default=None,
+    parser.add_argument("--model-dir", type=not_a_file, default=None,
                         help="where the converted model lives (default ~/.cache/lynx_npu/...)")
 
 
 def run(args: argparse.Namespace) -> int:
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        raise SystemExit(f"lynx demo: unknown mode(s) {unknown}; choose from {list(MODES)}")
-    if args.max_tokens < 1 or args.prompts < 1:
-        raise SystemExit("lynx demo: --max-tokens and --prompts must be >= 1")
+    modes = [m.strip() for m in args.modes.split(",")]  # every option checked by its type
     # vLLM starts its engine processes by spawn; the parent must not be forked mid-thread.
     multiprocessing.set_start_method("spawn", force=True)
     return _main(args, modes)
