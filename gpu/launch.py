@@ -33,6 +33,12 @@ TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True,
           "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None}}
 
 
+def _pow2_floor(n: int) -> int:
+    """The largest power of two dividing ``n`` (>= 1; 16 at most: a 16-byte vector)."""
+    n = int(n)
+    return max(1, min(16, n & -n)) if n > 0 else 1
+
+
 def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
@@ -192,9 +198,31 @@ def _words(buf: torch.Tensor, bits: int):
     return buf.view(wd), True
 
 
-def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
+def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=None,
+             previews=None, row_align: int = 1):
+    """``rows`` (a paged cache, ops/lynx_serde.py): int64 [num_tokens] element offsets of each
+    token's row from k's / v's first element (or a (k rows, v rows) pair), read by the kernel
+    in place of ``t * stride`` (the gather fused into compress; k and v are then views of the
+    cache at block 0; the tokens of several layers can be one plan this way); ``row_align``:
+    a power of two (elements) dividing every row offset, which keeps the loads vectorized.
+    ``previews``: (int64 [num_pages, 2] byte offsets, uint8 [2, 65536] table): the kernel also
+    stores the wire's one-byte scalar previews (ops/wire_layout.py)."""
     dev = _check_device(k, v)
     cfg = plan.config
+    if isinstance(rows, torch.Tensor):
+        rows = (rows, rows)
+    for r in rows or ():
+        _check_device(r)
+        if r.dtype != torch.int64 or r.dim() != 1 or r.numel() != plan.num_tokens:
+            raise ValueError(f"rows must be int64 [{plan.num_tokens}], got {r.dtype} "
+                             f"{tuple(r.shape)}")
+    if previews is not None:
+        _check_device(*previews)
+        if previews[0].shape != (plan.num_pages, 2) or previews[1].shape != (2, 65536):
+            raise ValueError(f"previews must be ([{plan.num_pages}, 2] offsets, [2, 65536] "
+                             f"table), got {tuple(previews[0].shape)}, "
+                             f"{tuple(previews[1].shape)}")
+    dummy = torch.empty(2, dtype=torch.int64, device=dev)
     if out is None:
         anchor = torch.empty(plan.anchor_nbytes, dtype=torch.uint8, device=dev)
         residual = torch.empty(plan.residual_nbytes, dtype=torch.uint8, device=dev)
@@ -213,7 +241,9 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
         poly = polys[wi] if TUNING["compress"]["POLY"] is not False else None
         grid = (plan.num_pages * blk["num_dt"], plan.num_kv_heads)
         lynx_compress_kernel[grid](
-            x, *x.stride(), a8, akv, a16, aw, res_arg, rw, table,
+            x, *x.stride(), rows[wi] if rows is not None else dummy,
+            previews[0] if previews is not None else dummy,
+            previews[1] if previews is not None else a8, a8, akv, a16, aw, res_arg, rw, table,
             search_entries[wi], recip_table(dev),
             plan.num_kv_heads, plan.head_dim, blk["num_dt"],
             WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
@@ -228,13 +258,24 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
             EVICT=TUNING["compress"]["EVICT"] is not False,
             PACK_ASM=_pack_asm(x), POLY=poly is not None,
             C1=poly.c1 if poly else 0.0, C2=poly.c2 if poly else 0.0,
+            PAGED=_pow2_floor(row_align) if rows is not None else 0,
+            PREVIEW=previews is not None,
             num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
     return anchor, residual
 
 
 def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerPlan,
-               dest: Destination) -> None:
+               dest: Destination, layer_offsets: torch.Tensor | None = None,
+               layer_align: int = 1) -> None:
+    """``layer_offsets`` (pages of several layers in one launch, ops/lynx_serde.py): int64
+    [num_pages, 2], the element offset of each page's K / V layer cache from ``dest``'s;
+    ``layer_align``: a power of two (elements) dividing all of them."""
     dev = _check_device(anchor, residual, dest.k.tensor, dest.v.tensor)
+    if layer_offsets is not None:
+        _check_device(layer_offsets)
+        if layer_offsets.dtype != torch.int64 or layer_offsets.shape != (plan.num_pages, 2):
+            raise ValueError(f"layer_offsets must be int64 [{plan.num_pages}, 2], got "
+                             f"{layer_offsets.dtype} {tuple(layer_offsets.shape)}")
     cfg = plan.config
     if dest.dtype != plan.dtype:
         raise ValueError(f"destination dtype {dest.dtype} differs from the stream's {plan.dtype}")
@@ -263,7 +304,9 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
             a8, akv, a16, aw, r8, rw, table,
             tabs["signed_levels" if has_res else "anchor_levels"][wi],
             tgt.tensor, tgt.offset, tgt.s_block, tgt.s_token, tgt.s_head, tgt.s_dim,
-            dest.block_size, dest.num_blocks * bs, slots, plan.num_kv_heads, plan.head_dim,
+            dest.block_size, dest.num_blocks * bs, slots,
+            layer_offsets if layer_offsets is not None else table, plan.num_kv_heads,
+            plan.head_dim,
             WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], NTB=blk["NTB"], TB=blk["TB"], G=blk["G"],
             C=blk["C"], BS=_pow2(cfg.num_sink_tokens), ES=es, A_BITS=cfg.anchor_bits,
             R_BITS=cfg.residual_bits, HAS_RES=has_res, PAGED=dest.slot_mapping is not None,
@@ -271,6 +314,7 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
             EVEN_D=blk["EVEN_D"], SEC=plan.section_align, BS_SHIFT=bs_shift,
             SLOTS32=slots32,
             HEADS_FAST=heads_fast,
+            LAYERED=_pow2_floor(layer_align) if layer_offsets is not None else 0,
             num_warps=blk["num_warps"], enable_fp_fusion=False)
 
 

@@ -221,14 +221,39 @@ def _pack_store(f, b8_ptr, w_ptr, off, grp, gmask, BITS: tl.constexpr, WORDS: tl
 
 
 @triton.jit
-def _load_rows(xh, s_t, body0, tr, tp, xoff, cm, other, EVEN_D: tl.constexpr,
-               HINT: tl.constexpr):
+def _row(s_t, rows_ptr, tok, PAGED: tl.constexpr):
+    """Element offset of token ``tok``'s row from ``xh``: tok * s_t, or in a paged cache
+    (PAGED > 0) the offset the launcher computed from the slot mapping: the gather fused into
+    the load (ops/paged_cache.py ``row_offsets``). PAGED is then a power of two dividing every
+    row offset: without that hint a loaded offset hides the rows' alignment and the loads are
+    not vectorized (H100: half the bandwidth)."""
+    if PAGED:
+        r = tl.load(rows_ptr + tok)
+        if PAGED > 1:
+            r = tl.multiple_of(r, PAGED)
+        return r
+    else:
+        return tok * s_t
+
+
+@triton.jit
+def _preview(v, ptab_ptr, ROW: tl.constexpr):
+    """The scalar-preview byte of float16 statistics ``v`` (ROW 0: mu, 1: sigma): a lookup by
+    bit pattern in the 64K-entry table made by lynx_stream.preview itself, so every preview
+    byte equals the reference's."""
+    bits = v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return tl.load(ptab_ptr + ROW * 65536 + bits)
+
+
+@triton.jit
+def _load_rows(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, other, EVEN_D: tl.constexpr,
+               HINT: tl.constexpr, PAGED: tl.constexpr):
     """The strip's rows of page tokens ``tr`` [R] (channel offsets ``xoff`` [R, 8]). Tokens past
     the page body (tp >= 1) read its last token instead: a copy changes no min / max, and
     what is computed from it is never stored; so only channels past head_dim (not EVEN_D)
     need a mask, and the full strips of real KV load with no mask and no fill registers.
     HINT: the L1 / L2 eviction policy of the load ("" for none)."""
-    ptr = xh + ((body0 + tl.minimum(tr, tp - 1)) * s_t)[:, None] + xoff
+    ptr = xh + _row(s_t, rows_ptr, body0 + tl.minimum(tr, tp - 1), PAGED)[:, None] + xoff
     if EVEN_D:
         return tl.load(ptr, eviction_policy=HINT)
     else:
@@ -236,16 +261,23 @@ def _load_rows(xh, s_t, body0, tr, tp, xoff, cm, other, EVEN_D: tl.constexpr,
 
 
 @triton.jit
-def _load_step(xh, s_t, body0, tr, tp, xoff, cm, NAN: tl.constexpr, EVEN_D: tl.constexpr,
-               WORDS: tl.constexpr, HINT: tl.constexpr):
+def _load_step(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, NAN: tl.constexpr,
+               EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
+               PAGED: tl.constexpr):
     """Pass 2's rows as loaded (padding NaN if NAN, else 0): ``_load_rows`` in the KV dtype
     [R, 8], or, if WORDS (bfloat16, channels contiguous, even strides), as int32 words of two
     values [R, 4] (``xoff`` and ``cm`` then in words). ``_widen`` converts a word with one
     shift or mask per value, where the values' own loads cost an extract and a shift (PRMT +
     IMAD) for every odd one."""
     if WORDS:
-        ptr = (xh.to(tl.pointer_type(tl.int32))
-               + ((body0 + tl.minimum(tr, tp - 1)) * (s_t // 2))[:, None] + xoff)
+        tok = body0 + tl.minimum(tr, tp - 1)
+        if PAGED:
+            rw = tl.load(rows_ptr + tok) // 2
+            if PAGED > 3:
+                rw = tl.multiple_of(rw, PAGED // 2)
+        else:
+            rw = tok * (s_t // 2)
+        ptr = xh.to(tl.pointer_type(tl.int32)) + rw[:, None] + xoff
         if EVEN_D:
             return tl.load(ptr, eviction_policy=HINT)
         elif NAN:  # two bfloat16 NaNs
@@ -253,8 +285,8 @@ def _load_step(xh, s_t, body0, tr, tp, xoff, cm, NAN: tl.constexpr, EVEN_D: tl.c
         else:
             return tl.load(ptr, mask=cm, other=0, eviction_policy=HINT)
     else:
-        return _load_rows(xh, s_t, body0, tr, tp, xoff, cm, float("nan") if NAN else 0.0,
-                          EVEN_D, HINT)
+        return _load_rows(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm,
+                          float("nan") if NAN else 0.0, EVEN_D, HINT, PAGED)
 
 
 @triton.jit
@@ -413,7 +445,8 @@ def _code_centre(mu, isg, lo):
 
 
 @triton.jit
-def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats, recip_ptr,
+def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
+                   prev, ptab_ptr, recip_ptr,
                    codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr,
                    ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
                    BT: tl.constexpr, G: tl.constexpr, C: tl.constexpr, CS: tl.constexpr,
@@ -422,7 +455,7 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
                    TREE: tl.constexpr, SMEM: tl.constexpr,
                    EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
                    PACK_ASM: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr,
-                   C2: tl.constexpr):
+                   C2: tl.constexpr, PAGED: tl.constexpr, PREVIEW: tl.constexpr):
     """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8], gmin and y = 1 / scale
     (``_recip_or_zero``) [G, 8]:
     chunk statistics, then the strip again in NIT = C / CS steps of [NC, CS, G, 8] (step k
@@ -448,7 +481,8 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
         ta = ((ra // G) % NC) * C + ((ra // (G * NC)) % CS) * NIT + ra // (G * NC * CS)
         ga = d0 + (ra % G) * 8
         ma = (ta < tp)[:, None] & ((ga[:, None] + j[None, :]) < D)
-        xa = tl.load(xh + ((body0 + ta) * s_t)[:, None] + (ga[:, None] + j[None, :]) * s_d,
+        xa = tl.load(xh + _row(s_t, rows_ptr, body0 + tl.minimum(ta, tp - 1), PAGED)[:, None]
+                     + (ga[:, None] + j[None, :]) * s_d,
                      mask=ma, other=0.0, eviction_policy="evict_last" if HINT != "" else "")
         xz = tl.where(tl.reshape(ma, [CR, CW, NC, G, 8]),
                       (tl.reshape(xa, [CR, CW, NC, G, 8]).to(tl.float32) - gmin) * y,
@@ -465,15 +499,19 @@ def _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
     smask = (nc < nct)[:, None, None] & (dg < D)[None, :, :]
     tl.store(stats + sidx, mu, mask=smask)
     tl.store(stats + H * nct * D + sidx, sigma, mask=smask)
+    if PREVIEW:
+        tl.store(prev + sidx, _preview(mu, ptab_ptr, 0), mask=smask)
+        tl.store(prev + H * nct * D + sidx, _preview(sigma, ptab_ptr, 1), mask=smask)
     isg = _sigma_recip(sigma, recip_ptr, True)
     mu_c = tl.expand_dims(_code_centre(mu, isg, lo_n), 0)
     # each step's rows are loaded a step ahead (the re-read mostly comes from L2: its latency
     # is hidden behind a step of work rather than by other warps, of which there are few)
-    xk = _load_step(xh, s_t, body0, tr0, tp, xoff, cm, False, EVEN_D, WORDS, HINT)
+    xk = _load_step(xh, s_t, rows_ptr, body0, tr0, tp, xoff, cm, False, EVEN_D, WORDS, HINT,
+                    PAGED)
     for k in tl.range(NIT, loop_unroll_factor=2):  # no register copies of x_next
         tr = tr0 + k
-        x_next = _load_step(xh, s_t, body0, tr0 + tl.minimum(k + 1, NIT - 1), tp, xoff, cm,
-                            False, EVEN_D, WORDS, HINT)
+        x_next = _load_step(xh, s_t, rows_ptr, body0, tr0 + tl.minimum(k + 1, NIT - 1), tp,
+                            xoff, cm, False, EVEN_D, WORDS, HINT, PAGED)
         xn = (tl.reshape(_widen(xk, RS, WORDS), [CS, NC, G, 8]) - gmin) * y
         _encode_rows(xn, mu_c, tl.expand_dims(isg, 0),
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
@@ -504,7 +542,8 @@ def _row_values(v, GT: tl.constexpr, GL: tl.constexpr, RS: tl.constexpr):
 
 
 @triton.jit
-def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr, codes_off,
+def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats, prev,
+                 ptab_ptr, recip_ptr, codes_off,
                  res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
                  SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr, BT: tl.constexpr,
                  G: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr, GT: tl.constexpr,
@@ -513,7 +552,7 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
                  MIDRANGE: tl.constexpr, TREE: tl.constexpr, SMEM: tl.constexpr,
                  EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
                  PACK_ASM: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr,
-                 C2: tl.constexpr):
+                 C2: tl.constexpr, PAGED: tl.constexpr, PREVIEW: tl.constexpr):
     """Token axis, given gmin, y = 1 / scale [GT, NCD, GL, 8] (pass 1's layout): the strip again, TS
     tokens at a time as [GT, TS, NCD, GL, 8] (``_token_rows``), normalised; chunk statistics
     per token, codes, stores. Row r lives in thread r % (32 * num_warps) (the launcher's TS
@@ -534,11 +573,13 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
     ncd = (D + C - 1) // C
     # channels past head_dim are NaN, which minnum / maxnum ignore (a chunk's padding); each
     # step's rows are loaded a step ahead, as on the channel axis
-    xk = _load_step(xh, s_t, body0, t_r, tp, xoff, cmx, True, EVEN_D, WORDS, HINT)
+    xk = _load_step(xh, s_t, rows_ptr, body0, t_r, tp, xoff, cmx, True, EVEN_D, WORDS, HINT,
+                    PAGED)
     for k in tl.range(BT // TS, loop_unroll_factor=2):  # no register copies of x_next
         tr = k * TS + t_r
-        x_next = _load_step(xh, s_t, body0, tl.minimum(k + 1, BT // TS - 1) * TS + t_r, tp,
-                            xoff, cmx, True, EVEN_D, WORDS, HINT)
+        x_next = _load_step(xh, s_t, rows_ptr, body0,
+                            tl.minimum(k + 1, BT // TS - 1) * TS + t_r, tp, xoff, cmx, True,
+                            EVEN_D, WORDS, HINT, PAGED)
         xn = (tl.reshape(_widen(xk, RS, WORDS), [GT, TS, NCD, GL, 8]) - gmin5) * y5
         lo, hi = tl.reduce((xn, xn), 4, minmax_combine)
         lo, hi = tl.reduce((lo, hi), 3, minmax_combine)
@@ -558,8 +599,13 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
         valid = (tr < tp) & (gr < D)
         srow = (h * tp + tr) * ncd + gr // C
         smask = valid & (gr % C == 0)
-        tl.store(stats + srow, _row_values(mu, GT, GL, RS), mask=smask)
-        tl.store(stats + H * tp * ncd + srow, _row_values(sigma, GT, GL, RS), mask=smask)
+        mu_r = _row_values(mu, GT, GL, RS)
+        sigma_r = _row_values(sigma, GT, GL, RS)
+        tl.store(stats + srow, mu_r, mask=smask)
+        tl.store(stats + H * tp * ncd + srow, sigma_r, mask=smask)
+        if PREVIEW:
+            tl.store(prev + srow, _preview(mu_r, ptab_ptr, 0), mask=smask)
+            tl.store(prev + H * tp * ncd + srow, _preview(sigma_r, ptab_ptr, 1), mask=smask)
         isg = _sigma_recip(sigma, recip_ptr, False)
         mu_c = _code_centre(mu, isg, lo)
         _encode_rows(xn, mu_c[None, :, :, None, None], isg[None, :, :, None, None],
@@ -572,6 +618,9 @@ def _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr
 @triton.jit
 def lynx_compress_kernel(
         x_ptr, s_h, s_t, s_d,            # K or V [H, T, D] and its strides (elements)
+        rows_ptr,                        # PAGED: int64 [T] row offsets (elements) from x_ptr
+        prev_ptr,                        # PREVIEW: int64 [num_pages, 2] preview byte offsets
+        ptab_ptr,                        # PREVIEW: uint8 [2, 65536] preview of f16 bits
         a8_ptr, akv_ptr, a16_ptr,        # the anchor buffer as uint8 / KV dtype / float16
         aw_ptr,                          # ... as words of A_BITS bytes (A_BITS in 1, 2, 4)
         r8_ptr, rw_ptr,                  # the residual buffer as uint8 / words of R_BITS bytes
@@ -588,7 +637,8 @@ def lynx_compress_kernel(
         MIDRANGE: tl.constexpr, A_WORDS: tl.constexpr,
         R_WORDS: tl.constexpr, SEC: tl.constexpr, SMEM: tl.constexpr, EVEN_D: tl.constexpr,
         X_WORDS: tl.constexpr, EVICT: tl.constexpr, PACK_ASM: tl.constexpr,
-        POLY: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, TREE: tl.constexpr = True):
+        POLY: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, TREE: tl.constexpr = True,
+        PAGED: tl.constexpr = 0, PREVIEW: tl.constexpr = False):
     dt = tl.program_id(0) % NUM_DT  # channel strips vary fastest: neighbours share input rows
     page = tl.program_id(0) // NUM_DT
     h = tl.program_id(1)
@@ -605,7 +655,8 @@ def lynx_compress_kernel(
         s = tl.arange(0, BS)
         dd = d0 + tl.arange(0, BD)
         sm = (s < ns)[:, None] & (dd < D)[None, :]
-        xs = tl.load(xh + (token0 + s)[:, None] * s_t + dd[None, :] * s_d, mask=sm)
+        srow_off = _row(s_t, rows_ptr, token0 + tl.minimum(s, ns - 1), PAGED)
+        xs = tl.load(xh + srow_off[:, None] + dd[None, :] * s_d, mask=sm)
         sink = akv_ptr + tl.load(row + F_SINK + WHICH) // ES
         tl.store(sink + (h * ns + s)[:, None] * D + dd[None, :], xs, mask=sm)
     if WHICH == 0:
@@ -624,6 +675,10 @@ def lynx_compress_kernel(
         return
     gamma = akv_ptr + section(row, F_GAMMA + WHICH, SEC) // ES
     stats = a16_ptr + section(row, F_STATS + WHICH, SEC) // 2
+    if PREVIEW:  # the wire's one-byte previews of the stats (ops/wire_layout.py)
+        prev = a8_ptr + tl.load(prev_ptr + page * 2 + WHICH)
+    else:
+        prev = a8_ptr
     codes_off = section(row, F_CODES + WHICH, SEC)
     res_off = section(row, F_RES + WHICH, SEC)
     # Pass 1 reads the strip in steps of [RS, 8] (row r: a group of 8 consecutive channels of
@@ -663,8 +718,8 @@ def lynx_compress_kernel(
             tr = tr0 + k
         else:
             tr = tr0 + k * TS
-        xk = _load_rows(xh, s_t, body0, tr, tp, xoff, cm, float("nan"), EVEN_D,
-                        "evict_last" if EVICT else "").to(xdt)
+        xk = _load_rows(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, float("nan"), EVEN_D,
+                        "evict_last" if EVICT else "", PAGED).to(xdt)
         lo = pmin(lo, xk)
         hi = pmax(hi, xk)
     lo = lo.to(tl.float32)
@@ -683,17 +738,19 @@ def lynx_compress_kernel(
     else:
         tab = search_ptr
     if not TOKEN_AXIS:
-        _channel_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats, recip_ptr,
+        _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
+                       prev, ptab_ptr, recip_ptr,
                        codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
                        SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
                        MIDRANGE, TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "",
-                       PACK_ASM, POLY, C1, C2)
+                       PACK_ASM, POLY, C1, C2, PAGED, PREVIEW)
     else:
-        _token_pass2(xh, s_t, s_d, body0, tp, h, H, D, d0, gmin, y, stats, recip_ptr, codes_off,
+        _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats, prev,
+                     ptab_ptr, recip_ptr, codes_off,
                      res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA, SCALE, P0,
                      EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, MIDRANGE,
                      TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "", PACK_ASM,
-                     POLY, C1, C2)
+                     POLY, C1, C2, PAGED, PREVIEW)
     gdt = akv_ptr.dtype.element_ty
     if not TOKEN_AXIS:
         dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]

@@ -90,6 +90,8 @@ def lynx_decompress_kernel(
         plan_ptr,                        # int64 [num_pages, NF]
         sl_ptr,                          # float32 [256] signed / anchor levels of this stream
         out_ptr, o_off, s_block, s_tok, s_head, s_dim, block_size, num_slots, slots_ptr,
+        lay_ptr,                         # LAYERED: int64 [num_pages, 2] K / V element offsets
+                                         # of each page's layer cache from out_ptr's
         H, D,
         WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, NTB: tl.constexpr, TB: tl.constexpr,
         G: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, ES: tl.constexpr,
@@ -97,7 +99,8 @@ def lynx_decompress_kernel(
         HAS_RES: tl.constexpr, PAGED: tl.constexpr, INTERPRET: tl.constexpr,
         ALIGN: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
         EVEN_D: tl.constexpr, SEC: tl.constexpr, BS_SHIFT: tl.constexpr,
-        SLOTS32: tl.constexpr = False, HEADS_FAST: tl.constexpr = False):
+        SLOTS32: tl.constexpr = False, HEADS_FAST: tl.constexpr = False,
+        LAYERED: tl.constexpr = 0):
     if HEADS_FAST:  # grid (heads, tiles): see launch.py
         pid = tl.program_id(1)
         h = tl.program_id(0)
@@ -113,6 +116,12 @@ def lynx_decompress_kernel(
     ns = tl.load(row + F_NUM_SINK).to(tl.int32)
     BD: tl.constexpr = G * 8
     out = out_ptr + o_off + h * s_head
+    if LAYERED:  # pages of several layers in one launch (ops/lynx_serde.py decode_layers);
+        # LAYERED: a power of two dividing every layer offset (keeps the stores vectorized)
+        lay = tl.load(lay_ptr + page * 2 + WHICH)
+        if LAYERED > 1:
+            lay = tl.multiple_of(lay, LAYERED)
+        out += lay
     odt = out_ptr.dtype.element_ty
 
     if (ns > 0) & (tb == 0):  # page 0: the exact sink tokens

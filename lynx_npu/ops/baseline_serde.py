@@ -94,7 +94,9 @@ class BaselineSerde(PageSerde):
                                       head_dim=head_dim, dtype=dtype)
 
     def decode_into(self, pages: Sequence[WirePage], cache: ResolvedCache,
-                    slot_mapping: torch.Tensor) -> str:
+                    slot_mapping: torch.Tensor, wire_dtype: torch.dtype | None = None) -> str:
+        if wire_dtype is not None and wire_dtype != cache.dtype:
+            return self._decode_cast(pages, cache, slot_mapping, wire_dtype)
         dest = paged(cache, slot_mapping.to(cache.k.tensor.device, torch.int64))
         for p in pages:
             k, v = self.decode_page(p.anchor, p.residual, p.token_start, p.token_end,

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from lynx_npu.codec.base import validate_kv
 from lynx_npu.codec.lynx_layout import SCALAR_DTYPE
 from lynx_npu.codec.lynx_stream import preview, preview_levels
 
@@ -33,8 +35,9 @@ from . import backends
 from .api import _check_kv, _check_slots
 from .dest import Destination, dense, paged, scatter_tokens
 from .kv_layouts import ResolvedCache
+from .layered import page_layer_offsets, request_plan, request_rows
 from .page_serde import EncodedLayer, PageSerde, WirePage, as_bytes, wire_pages
-from .paged_cache import dense_run, read_tokens, row_offsets
+from .paged_cache import PagedKVCache, dense_run, read_tokens, row_align, row_offsets
 from .plan import (F_BODY0, F_NUM_BODY, F_NUM_SINK, F_SECTION, F_TOKEN0, NUM_FIELDS, SECTIONS,
                    LayerPlan)
 from .staging import DeviceCopier
@@ -78,9 +81,11 @@ class StagedPages:
     """Received pages of one layer in one buffer on the destination device."""
 
     buffer: torch.Tensor
-    groups: list          # (LayerPlan, full) per stage present
+    groups: list          # (LayerPlan, full, layer of each page) per stage present
     pages: list           # the WirePages (the reference fallback decodes them)
     relative: int         # token of the plan's token 0
+    num_tokens: int = 0   # the tokens the pages reach (relative)
+    _offsets: dict = field(default_factory=dict)  # apply_layers: per-cache layer offsets
 
 
 class LynxSerde(PageSerde):
@@ -113,6 +118,7 @@ class LynxSerde(PageSerde):
 
     # -- encode --------------------------------------------------------------------------------
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> EncodedLayer:
+        validate_kv(k, v)  # as encode_pages: named errors, finite values only
         _check_kv(k, v)
         h, t, d = k.shape
         name, impl = self._select(k.device, h, d, k.dtype)
@@ -126,6 +132,48 @@ class LynxSerde(PageSerde):
         if lw is None:
             return buf  # the reference fallback made the pages already
         return self.to_wire(buf, lw, name)
+
+    def _layered(self, impl, cache: PagedKVCache) -> bool:
+        """Whether one launch can take every layer (the kernels read row / layer offsets)."""
+        return (cache.num_layers > 1 and cache.layer_offsets is not None
+                and "rows" in inspect.signature(impl.compress).parameters
+                and "layer_offsets" in inspect.signature(impl.decompress).parameters
+                and cache.layer(0).k.s_block % 2 == 0)
+
+    def encode_layers(self, cache: PagedKVCache, slot_mapping: torch.Tensor):
+        h, d, dtype = cache.num_kv_heads, cache.head_size, cache.dtype
+        name, impl = self._select(cache.device, h, d, dtype)
+        if name not in PLAN_TABLE_BACKENDS or not self._layered(impl, cache):
+            yield from super().encode_layers(cache, slot_mapping)
+            return
+        buf, lw = self.compress_request(impl, cache, slot_mapping)
+        staged = self._copier(buf.device).to_host(buf)
+        for i in range(cache.num_layers):
+            yield self._pages(staged.host.numpy(), i * lw.nbytes, lw, name, staged.wait)
+
+    def compress_request(self, impl, cache: PagedKVCache, slot_mapping: torch.Tensor,
+                         out: torch.Tensor | None = None):
+        """Every layer in one launch per K / V -> (the layers' buffers back to back on the
+        device, the LayerWire of one layer)."""
+        rc0 = cache.layer(0)
+        n = slot_mapping.numel()
+        slots = _check_slots(slot_mapping, n, rc0)
+        lw = layer_wire(self.name, self.config, cache.num_kv_heads, n, cache.head_size,
+                        cache.dtype)
+        plan, prev = request_plan(lw, cache.num_layers, slots.device)
+        bases = [torch.as_strided(t.tensor, (cache.num_kv_heads, cache.block_size,
+                                             cache.head_size), (t.s_head, t.s_token, t.s_dim),
+                                  t.tensor.storage_offset() + t.offset) for t in (rc0.k, rc0.v)]
+        buf = out if out is not None else torch.empty(plan.anchor_nbytes, dtype=torch.uint8,
+                                                      device=slots.device)
+        kw = {"previews": (prev, preview_table(slots.device))} if prev is not None else {}
+        align = row_align(rc0, *cache.layer_offsets[0], *cache.layer_offsets[1])
+        impl.compress(*bases, plan, out=(buf, buf), rows=request_rows(cache, slots),
+                      row_align=align, **kw)
+        for i in range(cache.num_layers):
+            for off, size in lw.extra_pads:
+                buf[i * lw.nbytes + off:i * lw.nbytes + off + size].zero_()
+        return buf, lw
 
     def compress_cache(self, cache: ResolvedCache, slot_mapping: torch.Tensor):
         """-> (layer buffer on the cache's device, its LayerWire, backend); the bytes are on
@@ -149,11 +197,12 @@ class LynxSerde(PageSerde):
                                       (t.s_head, t.s_token, t.s_dim),
                                       t.tensor.storage_offset() + t.offset)
                      for t in (cache.k, cache.v)]
-            return self.compress(impl, *bases, lw, rows=row_offsets(cache, slots)), lw, name
+            return self.compress(impl, *bases, lw, rows=row_offsets(cache, slots),
+                                 row_align=row_align(cache)), lw, name
         return self.compress(impl, *read_tokens(cache, slots), lw), lw, name
 
     def compress(self, impl, k, v, lw: LayerWire, rows=None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, row_align: int = 1) -> torch.Tensor:
         """Run the kernel into a layer buffer (``out``, reused, or a new one): every wire byte
         is written (pads zeroed)."""
         buf = out if out is not None else torch.empty(lw.nbytes, dtype=torch.uint8,
@@ -162,7 +211,7 @@ class LynxSerde(PageSerde):
             raise ValueError(f"out must be {lw.nbytes} uint8 bytes on {k.device}, got "
                              f"{buf.numel()} {buf.dtype} on {buf.device}")
         params = inspect.signature(impl.compress).parameters
-        kw = {} if rows is None else {"rows": rows}
+        kw = {} if rows is None else {"rows": rows, "row_align": row_align}
         fused_previews = lw.preview_offsets is not None and "previews" in params
         if fused_previews:
             kw["previews"] = (lw.previews_on(k.device), preview_table(k.device))
@@ -175,14 +224,18 @@ class LynxSerde(PageSerde):
 
     def to_wire(self, buf: torch.Tensor, lw: LayerWire, backend: str) -> EncodedLayer:
         staged = self._copier(buf.device).to_host(buf)
-        raw = staged.host.numpy()
-        pages = []
+        return self._pages(staged.host.numpy(), 0, lw, backend, staged.wait)
+
+    @staticmethod
+    def _pages(raw: np.ndarray, base: int, lw: LayerWire, backend: str, ready) -> EncodedLayer:
+        """The wire pages of the layer at ``raw[base:]`` (views: nothing is read yet)."""
+        pages, whole = [], memoryview(raw)  # slices of one view: no buffer export each
         for p, pw in enumerate(lw.pages):
-            frames = [memoryview(raw[o:o + n]) for o, n in
+            frames = [whole[base + o:base + o + n] for o, n in
                       (lw.frame(p, f) for f in range(len(pw.frames)))]
             pages.append(WirePage(p, pw.span.token_start, pw.span.token_end, frames[0],
                                   frames[1] if len(frames) > 1 else None))
-        return EncodedLayer(pages, backend, staged.wait)
+        return EncodedLayer(pages, backend, ready)
 
     def _reference(self, k, v, backend: str) -> EncodedLayer:
         pages = [type(p)(p.index, p.token_start, p.token_end, p.anchor.cpu(),
@@ -205,9 +258,11 @@ class LynxSerde(PageSerde):
         return k, v
 
     def decode_into(self, pages: Sequence[WirePage], cache: ResolvedCache,
-                    slot_mapping: torch.Tensor) -> str:
+                    slot_mapping: torch.Tensor, wire_dtype: torch.dtype | None = None) -> str:
         if not pages:
             return "none"
+        if wire_dtype is not None and wire_dtype != cache.dtype:
+            return self._decode_cast(pages, cache, slot_mapping, wire_dtype)
         num_tokens = max(p.token_end for p in pages)
         if slot_mapping.numel() < num_tokens:
             raise ValueError(f"slot_mapping has {slot_mapping.numel()} slots; the pages reach "
@@ -217,8 +272,43 @@ class LynxSerde(PageSerde):
                             cache.dtype)
         return self.apply(staged, paged(cache, slots), cache.num_kv_heads, cache.head_size)
 
+    def decode_layers(self, pages, cache: PagedKVCache, slot_mapping: torch.Tensor,
+                      wire_dtype: torch.dtype | None = None) -> str:
+        h, d, dtype = cache.num_kv_heads, cache.head_size, cache.dtype
+        name, impl = self._select(cache.device, h, d, dtype)
+        if (name not in PLAN_TABLE_BACKENDS or not self._layered(impl, cache)
+                or (wire_dtype is not None and wire_dtype != dtype) or len(pages) < 2):
+            return super().decode_layers(pages, cache, slot_mapping, wire_dtype)
+        flat = [(layer, p) for layer, ps in sorted(pages.items()) for p in ps]
+        staged = self.stage([p for _, p in flat], cache.device, h, d, dtype,
+                            layers=[layer for layer, _ in flat])
+        return self.apply_layers(staged, cache, slot_mapping)
+
+    def apply_layers(self, staged: StagedPages, cache: PagedKVCache,
+                     slot_mapping: torch.Tensor) -> str:
+        """Staged pages of several layers into the cache: one launch per K / V and stage."""
+        num_tokens = staged.num_tokens
+        if slot_mapping.numel() < num_tokens:
+            raise ValueError(f"slot_mapping has {slot_mapping.numel()} slots; the pages reach "
+                             f"token {num_tokens}")
+        rc0 = cache.layer(0)
+        slots = _check_slots(slot_mapping[:num_tokens], num_tokens, rc0)
+        name, impl = self._select(cache.device, cache.num_kv_heads, cache.head_size,
+                                  cache.dtype)
+        offsets = staged._offsets.get(id(cache))
+        if offsets is None:  # (the staged pages keep the cache alive while they are cached)
+            offsets = [page_layer_offsets(cache, layers, cache.device)
+                       for _, _, layers in staged.groups]
+            staged._offsets[id(cache)] = offsets = (cache, offsets)
+        align = math.gcd(*cache.layer_offsets[0], *cache.layer_offsets[1])
+        for (plan, full, _), lay in zip(staged.groups, offsets[1]):
+            impl.decompress(staged.buffer, staged.buffer if full else None, plan,
+                            paged(rc0, slots), layer_offsets=lay, layer_align=align)
+        return name
+
     def stage(self, pages: Sequence[WirePage], device, num_kv_heads: int, head_dim: int,
-              dtype: torch.dtype, relative: int = 0) -> StagedPages:
+              dtype: torch.dtype, relative: int = 0, layers: Sequence[int] | None = None
+              ) -> StagedPages:
         """Check the pages' sizes and copy their frames into one buffer on ``device``."""
         cfg, placed, off = self.config, [], 0
         for p in pages:
@@ -249,7 +339,9 @@ class LynxSerde(PageSerde):
         host = self._host_buffer(_up(off, 16), device)
         raw = host.numpy()
         rows = {True: [], False: []}
-        for p, pw, frames, bases, full, scratch in placed:
+        page_layers = {True: [], False: []}
+        for i, (p, pw, frames, bases, full, scratch) in enumerate(placed):
+            page_layers[full].append(layers[i] if layers is not None else 0)
             for f, b in zip(frames, bases):
                 raw[b:b + len(f)] = np.frombuffer(f, dtype=np.uint8)
             for w, s in scratch.items():  # anchor stage: stats stood in for by previews
@@ -264,8 +356,8 @@ class LynxSerde(PageSerde):
         end = max(p.token_end for p in pages) - relative
         groups = [(LayerPlan(self.kernel_config, num_kv_heads, end, head_dim, dtype, (),
                              buf.numel(), buf.numel(), torch.tensor(r, dtype=torch.int64)),
-                   full) for full, r in rows.items() if r]
-        return StagedPages(buf, groups, list(pages), relative)
+                   full, page_layers[full]) for full, r in rows.items() if r]
+        return StagedPages(buf, groups, list(pages), relative, end)
 
     def _host_buffer(self, nbytes: int, device) -> torch.Tensor:
         from .staging import host_buffer
@@ -286,7 +378,7 @@ class LynxSerde(PageSerde):
                 scatter_tokens(dest, p.token_start - staged.relative, k.to(dest.device),
                                v.to(dest.device), num_kv_heads, head_dim)
             return "reference"
-        for plan, full in staged.groups:
+        for plan, full, _ in staged.groups:
             impl.decompress(staged.buffer, staged.buffer if full else None, plan, dest)
         return name
 
@@ -309,9 +401,9 @@ def _row(pw, bases: list[int], full: bool, scratch: dict, relative: int) -> list
 def _runs(lw: LayerWire):
     """Maximal runs of consecutive pages with the same layout (evenly spaced frames)."""
     runs, first = [], 0
-    same = lambda a, b: (a.frames, a.sections, a.previews) == (b.frames, b.sections, b.previews)  # noqa
+    shape = [(pw.frames, pw.sections, pw.previews) for pw in lw.pages]
     for p in range(1, len(lw.pages) + 1):
-        if p == len(lw.pages) or not same(lw.pages[p], lw.pages[first]):
+        if p == len(lw.pages) or shape[p] != shape[first]:
             runs.append((first, p - first))
             first = p
     return runs
@@ -319,6 +411,8 @@ def _runs(lw: LayerWire):
 
 def _write_previews(buf: torch.Tensor, lw: LayerWire) -> None:
     """Previews from the exact stats the kernel wrote (backends without the fused store)."""
+    if buf.device.type == "cpu":
+        return _write_previews_host(buf.numpy(), lw)
     tab = preview_table(buf.device)
     b16 = buf.view(torch.int16)
     for first, count in _runs(lw):
@@ -338,3 +432,26 @@ def _write_previews(buf: torch.Tensor, lw: LayerWire) -> None:
             idx = bits.to(torch.int64) & 0xFFFF
             u = torch.stack([tab[0][idx[:, 0]], tab[1][idx[:, 1]]], dim=1)
             torch.as_strided(buf, (count, 2, nc), (d_step, nc, 1), dst0).copy_(u)
+
+
+def _write_previews_host(raw: np.ndarray, lw: LayerWire) -> None:
+    """_write_previews on a host buffer, with numpy (a table lookup by float16 bits)."""
+    tab = _preview_table_host().numpy()
+    raw16 = raw[:raw.size // 2 * 2].view(np.uint16)
+    strided = np.lib.stride_tricks.as_strided
+    for first, count in _runs(lw):
+        pw = lw.pages[first]
+        for w in "kv":
+            nc = pw.stats_nbytes[w] // 4
+            if nc == 0:
+                continue
+            fs, os_ = pw.sections[w + "_stats"]
+            fp, op = pw.previews[w]
+            src0, dst0 = lw.frame_offsets[first][fs] + os_, lw.frame_offsets[first][fp] + op
+            nxt = lw.frame_offsets[first + 1] if count > 1 else lw.frame_offsets[first]
+            s_step = nxt[fs] - lw.frame_offsets[first][fs]
+            d_step = nxt[fp] - lw.frame_offsets[first][fp]
+            bits = strided(raw16[src0 // 2:], (count, 2, nc), (s_step, 2 * nc, 2))
+            dst = strided(raw[dst0:], (count, 2, nc), (d_step, nc, 1))
+            dst[:, 0] = tab[0][bits[:, 0]]
+            dst[:, 1] = tab[1][bits[:, 1]]

@@ -17,7 +17,7 @@ keep their reference encoders behind the same interface (baseline_serde.py).
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -105,9 +105,40 @@ class PageSerde(abc.ABC):
 
     @abc.abstractmethod
     def decode_into(self, pages: Sequence[WirePage], cache: ResolvedCache,
-                    slot_mapping: torch.Tensor) -> str:
+                    slot_mapping: torch.Tensor, wire_dtype: torch.dtype | None = None) -> str:
         """Write received pages of one layer into a paged cache on its device: token t ->
-        ``slot_mapping[t]`` (covering the layer's tokens). -> the backend that decoded."""
+        ``slot_mapping[t]`` (covering the layer's tokens). ``wire_dtype``: the pages' KV dtype
+        where it is not the cache's (decoded, then cast). -> the backend that decoded."""
+
+    def _decode_cast(self, pages: Sequence[WirePage], cache: ResolvedCache,
+                     slot_mapping: torch.Tensor, wire_dtype: torch.dtype) -> str:
+        """Pages of another dtype than the cache's: decode each, cast, scatter (torch)."""
+        from .dest import paged, scatter_tokens
+        dest = paged(cache, slot_mapping.to(cache.k.tensor.device, torch.int64))
+        for p in pages:
+            k, v = self.decode_page(p.anchor, p.residual, p.token_start, p.token_end,
+                                    num_kv_heads=cache.num_kv_heads, head_dim=cache.head_size,
+                                    dtype=wire_dtype)
+            scatter_tokens(dest, p.token_start, k.to(dest.device), v.to(dest.device),
+                           cache.num_kv_heads, cache.head_size)
+        used = self.decompress_backend("cpu", cache.num_kv_heads, cache.head_size, wire_dtype)
+        return f"{used} ({str(wire_dtype).split('.')[-1]} pages cast to the " \
+               f"{str(cache.dtype).split('.')[-1]} cache)"
+
+    def encode_layers(self, cache, slot_mapping: torch.Tensor) -> Iterator[EncodedLayer]:
+        """Every layer of a PagedKVCache (``slot_mapping[t]``: token t of the request), in
+        order, each as soon as it is encoded (kernels that can, take all layers at once)."""
+        for i in range(cache.num_layers):
+            yield self.encode_cache(cache.layer(i), slot_mapping)
+
+    def decode_layers(self, pages: Mapping[int, Sequence[WirePage]], cache,
+                      slot_mapping: torch.Tensor, wire_dtype: torch.dtype | None = None) -> str:
+        """``pages[layer]`` of a request into a PagedKVCache (``decode_into`` per layer, or
+        one launch for all where the kernels can). -> the backend that decoded."""
+        used = "none"
+        for layer, layer_pages in sorted(pages.items()):
+            used = self.decode_into(layer_pages, cache.layer(layer), slot_mapping, wire_dtype)
+        return used
 
     def compress_backend(self, device, num_kv_heads: int, head_dim: int, dtype) -> str:
         """What ``encode*`` runs on for tensors on ``device`` ("reference" for baselines)."""

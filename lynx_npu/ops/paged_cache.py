@@ -11,6 +11,8 @@ kernel reads the layout); ``row_offsets`` is what a kernel with a fused gather r
 """
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,7 +74,32 @@ class PagedKVCache:
     def layer(self, i: int) -> ResolvedCache:
         if not 0 <= i < len(self.layers):
             raise ValueError(f"layer {i} is out of range: the cache has {len(self.layers)}")
-        return resolve(self.layout, self.layers[i], self.num_kv_heads, self.head_size)
+        return self._resolved[i]
+
+    @functools.cached_property
+    def _resolved(self) -> tuple[ResolvedCache, ...]:
+        return tuple(resolve(self.layout, x, self.num_kv_heads, self.head_size)
+                     for x in self.layers)
+
+    @functools.cached_property
+    def layer_offsets(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """Element offsets of every layer's K and V (block 0, token 0, head 0, dim 0) from layer
+        0's: one kernel launch can then address every layer (a request's pages of all layers
+        in one plan). None where an offset is not a whole number of elements."""
+        es = torch.empty((), dtype=self.dtype).element_size()
+        out = []
+        for which in ("k", "v"):
+            t0 = getattr(self._resolved[0], which)
+            p0 = t0.tensor.data_ptr() + t0.offset * es
+            deltas = []
+            for rc in self._resolved:
+                t = getattr(rc, which)
+                d = t.tensor.data_ptr() + t.offset * es - p0
+                if d % es:
+                    return None
+                deltas.append(d // es)
+            out.append(tuple(deltas))
+        return out[0], out[1]
 
     def slots(self, block_ids: Sequence[int], token_start: int, token_end: int) -> torch.Tensor:
         return slots_for_blocks(block_ids, self.block_size, token_start, token_end)
@@ -94,8 +121,34 @@ class PagedKVCache:
             view[blk, off] = x.to(view.device, rc.dtype).transpose(0, 1)
 
 
+def whole_blocks(slots: torch.Tensor, block_size: int) -> torch.Tensor | None:
+    """The blocks of host ``slots`` that fill whole blocks in order (the last one possibly in
+    part), as a request's slot mapping does; else None."""
+    n = slots.numel()
+    if slots.device.type != "cpu" or n == 0:
+        return None
+    blocks = slots[::block_size] // block_size
+    if bool((slots[::block_size] % block_size).any()) or bool((blocks < 0).any()):
+        return None
+    want = (blocks.repeat_interleave(block_size) * block_size
+            + torch.arange(block_size).repeat(blocks.numel()))[:n]
+    return blocks if torch.equal(slots, want) else None
+
+
 def read_tokens(rc: ResolvedCache, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gather tokens at ``slots`` of one resolved layer -> dense, contiguous k, v [H, n, D]."""
+    """Gather tokens at ``slots`` of one resolved layer -> dense, contiguous k, v [H, n, D].
+    Whole blocks are gathered by block (one strided copy each for K and V)."""
+    blocks = whole_blocks(slots, rc.block_size)
+    if blocks is not None:
+        n, g = slots.numel(), _gather_blocks(rc, blocks)
+        out = []
+        for tgt in (g.k, g.v):
+            view = target_view(tgt, g.num_blocks, g.block_size, g.num_kv_heads, g.head_size)
+            x = torch.empty(g.num_kv_heads, g.num_blocks, g.block_size, g.head_size,
+                            dtype=g.dtype, device=tgt.tensor.device)
+            x.copy_(view.permute(2, 0, 1, 3))
+            out.append(x.view(g.num_kv_heads, -1, g.head_size)[:, :n])
+        return out[0], out[1]
     slots = slots.to(rc.k.tensor.device, torch.int64)
     blk, off = slots // rc.block_size, slots % rc.block_size
     out = []
@@ -103,6 +156,25 @@ def read_tokens(rc: ResolvedCache, slots: torch.Tensor) -> tuple[torch.Tensor, t
         view = target_view(tgt, rc.num_blocks, rc.block_size, rc.num_kv_heads, rc.head_size)
         out.append(view[blk, off].permute(1, 0, 2).contiguous())
     return out[0], out[1]
+
+
+def _gather_blocks(rc: ResolvedCache, blocks: torch.Tensor) -> ResolvedCache:
+    """The layer's ``blocks``, in order, copied whole (their interior as the engine packs it)
+    into a cache of the same layout: one memcpy-like index_select on the physical block dim."""
+    lay = rc.layout
+    logical_b = next(i for i, g in enumerate(lay.shape) if g == ("block",))
+    inverse = sorted(range(len(lay.order)), key=lambda i: lay.order[i])
+    tensors = (rc.k.tensor, rc.v.tensor) if lay.separate else (rc.k.tensor,)
+    blocks = blocks.to(tensors[0].device)
+    out = [t.permute(*lay.order).index_select(lay.order.index(logical_b), blocks)
+           .permute(*inverse) for t in tensors]
+    return resolve(lay, tuple(out) if lay.separate else out[0])
+
+
+def row_align(rc: ResolvedCache, *offsets: int) -> int:
+    """A number (elements) dividing every token row offset of ``rc`` (row_offsets) and the
+    given offsets: kernels that read offsets from memory keep their accesses vectorized."""
+    return math.gcd(rc.k.s_block, rc.k.s_token, rc.v.s_block, rc.v.s_token, *offsets)
 
 
 def row_offsets(rc: ResolvedCache, slots: torch.Tensor) -> torch.Tensor:

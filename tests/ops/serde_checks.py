@@ -94,7 +94,7 @@ def check_decode_into(name: str, layout: str, stage: str, device, backend=None, 
     k, v = random_kv(h, t, d, dtype, seed=t + 1)
     ref = reference_pages(codec, k, v)
     serde = serde_for(codec, backend)
-    pages = serde.encode(k, v).wait().pages
+    pages = serde.encode(k.to(device), v.to(device)).wait().pages
     if stage == "anchor":
         pages = [type(p)(p.index, p.token_start, p.token_end, p.anchor, None) for p in pages]
     cache, nb = make_cache(layout, h, t, d, dtype, device)
@@ -128,3 +128,38 @@ def check_every_byte_written(name: str, device, backend=None, h=2, t=150, d=32,
         layer = serde.to_wire(serde.compress(impl, k, v, lw, out=buf), lw, "x").wait()
         out.append([(bytes(p.anchor), bytes(p.residual or b"")) for p in layer.pages])
     assert out[0] == out[1], "some wire bytes are not written"
+
+
+def check_request(name: str, layout: str, device, backend=None, num_layers=3, h=2, t=150,
+                  d=32, dtype=torch.bfloat16, **overrides) -> str:
+    """Every layer of a request: encode_layers from a cache of separately allocated layers
+    gives each layer's reference pages; decode_layers of pages at mixed stages (anchor-only
+    for even layers, full for odd ones) into another cache gives the reference decode."""
+    codec = small_codec(name, **overrides)
+    serde = serde_for(codec, backend)
+    bs = 16
+    nb = -(-t // bs) + 3
+    lay = KV_CACHE_LAYOUTS[layout]
+    src = PagedKVCache.build(layout, [lay.allocate(nb, bs, h, d, dtype, device, fill=POISON)
+                                      for _ in range(num_layers)])
+    dst = PagedKVCache.build(layout, [lay.allocate(nb, bs, h, d, dtype, device, fill=POISON)
+                                      for _ in range(num_layers)])
+    slots = block_slots(t, nb, bs, "random", seed=11).to(device)
+    kv = [random_kv(h, t, d, dtype, seed=i) for i in range(num_layers)]
+    for i, (k, v) in enumerate(kv):
+        src.write(i, slots, k, v)
+    layers = list(serde.encode_layers(src, slots))
+    assert len(layers) == num_layers
+    received = {}
+    for i, layer in enumerate(layers):
+        assert_same_bytes(layer.wait(), reference_pages(codec, *kv[i]))
+        two = serde.two_stream and i % 2 == 0
+        received[i] = [type(p)(p.index, p.token_start, p.token_end, p.anchor, None) if two
+                       else p for p in layer.pages]
+    used = serde.decode_layers(received, dst, slots)
+    for i, (k, v) in enumerate(kv):
+        stage = "anchor" if serde.two_stream and i % 2 == 0 else "full"
+        wk, wv = reference_kv(codec, reference_pages(codec, k, v), h, d, dtype, stage)
+        gk, gv = dst.read(i, slots)
+        assert torch.equal(gk.cpu(), wk) and torch.equal(gv.cpu(), wv), (i, stage)
+    return used

@@ -9,7 +9,8 @@ from lynx_npu.ops.page_serde import serde_for
 
 from .parity import random_kv
 from .serde_checks import (assert_same_bytes, check_decode_into, check_encode_cache,
-                           check_every_byte_written, reference_pages, small_codec)
+                           check_every_byte_written, check_request, reference_pages,
+                           small_codec)
 
 LYNX = ["lynx", "lynx-int4", "lynx-int8"]
 BASELINES = ["bf16", "int8", "int4", "kivi4"]
@@ -112,3 +113,8 @@ def test_bad_pages_are_named():
     with pytest.raises(ValueError, match="host"):
         from lynx_npu.ops.page_serde import as_bytes
         as_bytes(torch.zeros(4, dtype=torch.uint8, device="meta"))
+
+
+@pytest.mark.parametrize("name", ["lynx", "lynx-int8", "int8"])
+def test_every_layer_of_a_request(name):
+    assert check_request(name, "vllm_cpu", "cpu") == ("cpu" if name in LYNX else "reference")
