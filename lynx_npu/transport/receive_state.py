@@ -57,6 +57,7 @@ class ReceiveHandle:
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
         self.codec = None
+        self.serde = None                     # the receiver's PageSerde of ``codec``
         self.num_layers = self.num_tokens = self.num_kv_heads = self.head_dim = 0
         self.dtype: torch.dtype | None = None
         self.anchor_ready_at: float | None = None
@@ -110,7 +111,8 @@ class ReceiveHandle:
         """Record a data frame. Returns False for a duplicate, else the PageJobs to decode now
         (none when nothing can be decoded yet: a residual ahead of its anchor, no dequantize,
         or ``defer_residual`` holding full pages until the last residual frame is in).
-        Raises RequestRejected when the frame contradicts the request."""
+        Raises RequestRejected when the frame contradicts the request. ``get_codec(codec_id,
+        params)`` -> (codec, its PageSerde), called once, for the request's first frame."""
         meta = (frame.codec_id, frame.params, frame.num_layers, frame.num_tokens, frame.dtype,
                 frame.num_kv_heads, frame.head_dim)
         with self._lock:
@@ -165,7 +167,7 @@ class ReceiveHandle:
             raise RequestRejected(f"request KV of {kv_bytes} bytes exceeds the receiver's "
                                   f"max_request_bytes={max_request_bytes}")
         try:
-            self.codec = get_codec(frame.codec_id, frame.params)
+            self.codec, self.serde = get_codec(frame.codec_id, frame.params)
         except ValueError as e:
             raise RequestRejected(f"cannot build its codec: {e}") from None
         self._meta = meta

@@ -1,10 +1,12 @@
-"""Split-stream receiver: accepts sender connections, verifies every frame, acknowledges it,
-and dequantizes anchor frames into the destination KV cache as they arrive (residual frames
-refine their page to full precision).
+"""Split-stream receiver (TCP): accepts sender connections, verifies every frame, acknowledges
+it, and hands each page on as it arrives (residual frames refine their page to full precision):
+decoded by the page serde it is given (``serde=``) into the request's tensors or ``on_page``,
+or, with ``on_encoded``, as wire bytes to a caller that decodes them straight into its own
+cache (lynx_npu.ops.page_serde ``decode_into``).
 
 Threads: one acceptor; per connection, a reader (handshake, read_frame, ACK / NACK / ERROR);
-``num_decode_threads`` decoders (codec.decode_page -> the request's tensors or ``on_page``);
-one watchdog failing requests whose deadline passed.
+``num_decode_threads`` page workers (decode or hand on); one watchdog failing requests whose
+deadline passed.
 
 Faults: a payload whose CRC fails is NACKed (the sender resends it); a corrupt or truncated
 header, or any stream error, closes the connection (the sender reconnects and resends what
@@ -22,12 +24,12 @@ import socket
 import threading
 import time
 
-import torch
-
 from ..codec import codec_from_wire
+from ..ops.page_serde import WirePage
 from ..wire import (DATA_KINDS, HEADER_SIZE, ChecksumError, Frame, Kind, UnknownCodecError,
                     encode_frame,
                     UnsupportedVersionError, WireError, params_from_json)
+from .base import KVReceiver, OnEncoded, SerdeFactory, serde_for
 from .config import ReceiverConfig
 from .connection import FrameSocket, server_handshake
 from .errors import RemoteError, TransferDeadlineError, TransferError, TransportClosed
@@ -38,18 +40,28 @@ _RECENT = 4096  # finished request ids remembered, so late duplicates are acknow
 _ACK_BATCH = 16
 
 
-class Receiver:
+class Receiver(KVReceiver):
     """Listens (loopback by default) for Senders and assembles their requests.
 
         with Receiver(ReceiverConfig()) as receiver:     # receiver.port: where to connect
             handle = receiver.request(request_id)        # or wait for it to appear
             handle.anchor_ready.wait()                   # decode may start on handle.k/.v
             handle.residual_ready.wait()                 # refined to full precision
+
+    Pages go to one of: ``on_encoded(request_id, layer, WirePage, stage)`` (not decoded: the
+    caller decodes into its cache), ``on_page(request_id, layer, start, end, k, v, stage)``
+    (decoded), or the handle's ``k`` / ``v`` tensors. ``serde(codec) -> PageSerde`` decodes
+    (default: lynx_npu.ops' serde_for).
     """
 
-    def __init__(self, config: ReceiverConfig = ReceiverConfig(), on_page: OnPage | None = None):
+    def __init__(self, config: ReceiverConfig = ReceiverConfig(), on_page: OnPage | None = None,
+                 *, serde: SerdeFactory = serde_for, on_encoded: OnEncoded | None = None):
+        if on_page is not None and on_encoded is not None:
+            raise ValueError("give on_page (decoded pages) or on_encoded (wire pages), not both")
         self.config = config
         self.on_page = on_page
+        self.on_encoded = on_encoded
+        self.serde = serde
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._requests: dict[int, ReceiveHandle] = {}
@@ -219,11 +231,13 @@ class Receiver:
         return Frame(Kind.ERROR, rid, payload=text.decode("utf-8", errors="ignore").encode())
 
     def _codec(self, codec_id: int, params: bytes):
+        """-> (codec, its serde) of a frame's codec id and parameters (cached)."""
         key = (codec_id, params)
         with self._lock:
             codec = self._codecs.get(key)
         if codec is None:
             codec = codec_from_wire(codec_id, params_from_json(params))
+            codec = (codec, self.serde(codec))  # one serde per codec: it keeps staging state
             with self._lock:
                 if len(self._codecs) >= 64:  # peers choose params: keep the cache bounded
                     self._codecs.clear()
@@ -252,14 +266,18 @@ class Receiver:
             if handle.finished:
                 continue
             try:
-                anchor = torch.frombuffer(job.anchor, dtype=torch.uint8)
-                residual = (torch.frombuffer(job.residual, dtype=torch.uint8)
-                            if job.residual is not None else None)
-                k, v = handle.codec.decode_page(
-                    anchor, residual, job.token_start, job.token_end,
+                full = job.residual is not None
+                if self.on_encoded is not None:
+                    page = WirePage(job.page, job.token_start, job.token_end,
+                                    memoryview(job.anchor),
+                                    memoryview(job.residual) if full else None)
+                    handle.apply(job, page, None, full, self._hand_on)
+                    continue
+                k, v = handle.serde.decode_page(
+                    job.anchor, job.residual, job.token_start, job.token_end,
                     num_kv_heads=handle.num_kv_heads, head_dim=handle.head_dim,
                     dtype=handle.dtype)
-                handle.apply(job, k, v, residual is not None, self.on_page)
+                handle.apply(job, k, v, full, self.on_page)
             except Exception as e:  # a page that passed its CRC but does not decode
                 log.warning("request %d layer %d page %d failed to decode: %s",
                             handle.request_id, job.layer, job.page, e)
@@ -267,6 +285,9 @@ class Receiver:
                                       f"{job.page} failed to decode: {e}")
                 error.__cause__ = e
                 handle.fail(error)
+
+    def _hand_on(self, request_id, layer, start, end, page, _, stage) -> None:
+        self.on_encoded(request_id, layer, page, stage)
 
     # -- deadlines ---------------------------------------------------------------------------
     def _watchdog_loop(self) -> None:

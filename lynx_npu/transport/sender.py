@@ -1,7 +1,11 @@
-"""Split-stream sender: compresses layer after layer on its own thread while earlier pages are
-on the wire, and sends every pending anchor frame (of any request) before any residual frame.
+"""Split-stream sender (TCP): frames layer after layer on its own thread while earlier pages
+are on the wire, and sends every pending anchor frame (of any request) before any residual frame.
 
-Threads: one compression thread (codec.encode_pages per layer -> frames -> the two queues);
+Pages come from the page serde it is given (``serde=``, lynx_npu.ops.page_serde): the serde
+encodes on the KV's device and stages the bytes to host memory; this file moves bytes only.
+
+Threads: one pipeline thread (the serde's encode per layer, or a caller's encoded layers as
+they become ready -> frames -> the two queues);
 per connection, a writer (pops the queues, paces through the shared token bucket, reconnects
 after a failure) and a reader (ACK / NACK / ERROR from the receiver); one watchdog (deadlines,
 retransmission of frames left unacknowledged for ``retransmit_s``).
@@ -19,15 +23,17 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..codec import EncodedPage, wire_params
+from ..ops.page_serde import EncodedLayer, WirePage, wire_pages
 from ..wire import (DATA_KINDS, DTYPE_CODES, Frame, Kind, WireError, pack_header,
                     params_to_json)
 from ..wire.limits import DEFAULT_LIMITS
+from .base import KVSender, SerdeFactory, serde_for
 from .config import SenderConfig
 from .connection import FrameSocket, client_handshake
 from .errors import (HandshakeError, RemoteError, TransferDeadlineError, TransferError,
@@ -62,6 +68,7 @@ class SendHandle:
         self.total_bytes = 0    # wire bytes of all frames
         self.num_frames = 0
         self.started_at: float | None = None   # first byte handed to a socket (monotonic)
+        self.compressed_by: set[str] = set()   # what encoded the layers (EncodedLayer.backend)
         self._unacked: set[Key] = set()
         self._unacked_anchor = 0
         self._produced_all = False
@@ -175,16 +182,20 @@ class _Link:
                 self.drop(gen, f"receive failed: {e}")
 
 
-class Sender:
+class Sender(KVSender):
     """Connects to a Receiver and moves KV caches to it, anchor stream first.
 
         with Sender(SenderConfig(port=receiver.port, gbps=10)) as sender:
             handle = sender.send(request_id, codec, [(k0, v0), (k1, v1), ...])
             handle.wait()                 # every frame acknowledged (raises on failure)
+
+    ``serde(codec) -> PageSerde`` encodes dense layers (default: lynx_npu.ops' serde_for).
     """
 
-    def __init__(self, config: SenderConfig):
+    def __init__(self, config: SenderConfig, serde: SerdeFactory = serde_for):
         self.config = config
+        self.serde = serde
+        self._serdes: dict = {}
         self.limiter = (TokenBucket(config.gbps, config.burst_bytes, config.early_s)
                         if config.gbps else None)
         self.queue = SendQueue()
@@ -222,17 +233,44 @@ class Sender:
             raise ValueError("each layer must be (k, v) tensors [num_kv_heads, num_tokens, "
                              "head_dim]")
         meta = self._meta(codec, len(layers), k0.shape[1], k0.shape[0], k0.shape[2], k0.dtype)
-        return self._submit(request_id, meta, ((i, codec.encode_pages(*layers[i]), DATA_KINDS)
+        serde = self._serde(codec, meta)
+        return self._submit(request_id, meta, ((i, serde.encode(*layers[i]), DATA_KINDS)
                                                for i in range(len(layers))), deadline_s)
 
-    def send_encoded(self, request_id: int, codec, pages: Sequence[Sequence[EncodedPage]], *,
-                     num_tokens: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+    def send_layers(self, request_id: int, codec, layers: Iterable[EncodedLayer], *,
+                    num_layers: int, num_tokens: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype, deadline_s: float | None = None) -> SendHandle:
+        """Queue one request whose layers the caller encodes (``serde.encode_cache``): the
+        pipeline thread takes ``layers`` in order as they come (a generator or a queue-fed
+        iterator may block until the next is encoded) and frames each once its bytes have
+        landed, so layer i+1 is encoded while layer i is on the wire."""
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"{num_layers=} must be a positive int")
+        meta = self._meta(codec, num_layers, num_tokens, num_kv_heads, head_dim, dtype)
+
+        def numbered():
+            count = 0
+            for i, layer in enumerate(layers):
+                if i >= num_layers:
+                    raise ValueError(f"more than {num_layers=} layers were given")
+                count += 1
+                yield i, layer, DATA_KINDS
+            if count != num_layers:
+                raise ValueError(f"{count} layers were given; the request has {num_layers}")
+        return self._submit(request_id, meta, numbered(), deadline_s)
+
+    def send_encoded(self, request_id: int, codec,
+                     pages: Sequence[Sequence[EncodedPage | WirePage]], *, num_tokens: int,
+                     num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                      deadline_s: float | None = None) -> SendHandle:
-        """Queue one request whose pages were already made by ``codec.encode_pages``
-        (``pages[layer]``): benchmarks use it to time the link without the compressor."""
+        """Queue one request whose pages are all made already (``pages[layer]``: host
+        EncodedPages of ``codec.encode_pages``, or WirePages): benchmarks use it to time the
+        link alone, and every anchor frame is queued before any residual frame."""
         if not isinstance(pages, Sequence) or len(pages) == 0:
             raise ValueError("pages must be a non-empty sequence (one list per layer)")
         meta = self._meta(codec, len(pages), num_tokens, num_kv_heads, head_dim, dtype)
+        pages = [EncodedLayer([p if isinstance(p, WirePage) else wire_pages([p])[0]
+                               for p in layer], "pre-encoded") for layer in pages]
         # Everything is known already: queue every anchor frame before any residual frame, so
         # a writer that outruns the queueing never sends a residual while anchors are to come.
         passes = [(i, layer, (Kind.ANCHOR,)) for i, layer in enumerate(pages)]
@@ -296,6 +334,17 @@ class Sender:
             self._jobs_cond.notify()
         return handle
 
+    def _serde(self, codec, meta: dict):
+        """One serde per codec and parameters (it holds per-device staging state)."""
+        key = (meta["codec_id"], meta["params"])
+        with self._lock:
+            serde = self._serdes.get(key)
+            if serde is None:
+                if len(self._serdes) >= 64:
+                    self._serdes.clear()
+                serde = self._serdes[key] = self.serde(codec)
+        return serde
+
     def _compress_loop(self) -> None:
         while True:
             with self._lock:
@@ -304,10 +353,11 @@ class Sender:
                     return
                 handle, meta, layer_pages = self._jobs.pop(0)
             try:
-                for layer, pages, kinds in layer_pages:
+                for layer, encoded, kinds in layer_pages:
                     if handle.done.settled():
                         break
-                    self._enqueue_layer(handle, meta, layer, pages, kinds)
+                    handle.compressed_by.add(encoded.backend)
+                    self._enqueue_layer(handle, meta, layer, encoded.wait().pages, kinds)
             except Exception as e:  # bad KV or a codec error: the request fails, loudly
                 error = TransferError(f"request {handle.request_id}: encoding failed: {e}")
                 error.__cause__ = e
@@ -324,7 +374,7 @@ class Sender:
             for kind, data in ((Kind.ANCHOR, page.anchor), (Kind.RESIDUAL, page.residual)):
                 if data is None or kind not in kinds:
                     continue
-                payload = memoryview(data.contiguous().numpy()).cast("B")
+                payload = memoryview(data).cast("B")  # host bytes (the serde staged them)
                 frame = Frame(kind, handle.request_id, layer, meta["num_layers"], page.index,
                               page.token_start, page.token_end, meta["num_tokens"],
                               meta["codec_id"], meta["dtype"], 0, meta["num_kv_heads"],

@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from lynx_npu.ops.page_serde import serde_for
 from lynx_npu.transport import ReceiverConfig, SenderConfig, StageEvent, TokenBucket
 from lynx_npu.transport.receive_state import ReceiveHandle, RequestRejected
 from lynx_npu.transport.send_queue import SendQueue
@@ -109,7 +110,8 @@ def _frame(kind=Kind.ANCHOR, layer=0, page=0, s=0, e=10, tokens=20, codec=None, 
 
 def _admit(handle, frame, dequantize=True, defer_residual=False):
     codec = small_codec("lynx")
-    return handle.admit(frame, 100, lambda cid, p: codec, 1 << 30, dequantize, defer_residual)
+    return handle.admit(frame, 100, lambda cid, p: (codec, serde_for(codec)), 1 << 30,
+                        dequantize, defer_residual)
 
 
 def test_receive_state_duplicates_overlaps_and_mismatches():
@@ -127,7 +129,7 @@ def test_receive_state_duplicates_overlaps_and_mismatches():
         _admit(h, _frame(page=1, s=10, e=20, tokens=21))
     big = ReceiveHandle(2, deadline=1e18)
     with pytest.raises(RequestRejected, match="max_request_bytes"):
-        big.admit(_frame(), 100, lambda c, p: small_codec("lynx"), 10, True)
+        big.admit(_frame(), 100, lambda c, p: (small_codec("lynx"), None), 10, True)
 
 
 def test_deferred_residual_pages_are_released_together():
