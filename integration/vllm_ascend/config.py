@@ -156,7 +156,6 @@ class LynxConnectorConfig:
     codec: str = "lynx"                # codec used when a request names none
     peer: str | None = None            # decode receiver "host:port" when a request names none
     gbps: float | None = None          # emulated link rate of the sender; None = unlimited
-    precompress: bool = False          # encode every layer before the first byte is sent
     # Cast the KV to this dtype before encoding ("bfloat16" / "float16"; None: the cache's).
     # For engines that compute in float32 but whose deployments hold 16-bit KV (the CPU demo):
     # the codecs' page scalars and sink tokens are stored in the KV dtype.
@@ -167,8 +166,7 @@ class LynxConnectorConfig:
     max_drafts: int = 64               # drafts per request before it waits for the residual
     residual_timeout_s: float = 30.0   # residual not complete this long after the anchor: recompute
     transfer_timeout_s: float = 600.0  # whole transfer (first frame or request to residual)
-    num_decode_threads: int = 1        # receiver threads dequantizing pages
-    fast_decode: bool = True           # Lynx pages through lynx_npu.ops, not the reference
+    num_decode_threads: int = 1        # receiver threads verifying and handing on pages
     # Dequantize residual pages only once the whole residual is in, so drafting on the anchor
     # does not share the host's CPU (and the GIL) with residual decoding (docs/demo.md).
     defer_residual: bool = True

@@ -57,7 +57,7 @@ class LynxConnector(KVConnectorBase):
     def register_kv_caches(self, kv_caches: dict) -> None:
         kv = paged_kv_from_vllm(kv_caches)
         log.info("Lynx: KV cache layout %s, %d layers, block size %d, %d kv heads x %d",
-                 kv.layout, kv.num_layers, kv.block_size, kv.num_kv_heads, kv.head_size)
+                 kv.layout.name, kv.num_layers, kv.block_size, kv.num_kv_heads, kv.head_size)
         self.worker.register(kv)
 
     def bind_connector_metadata(self, connector_metadata) -> None:

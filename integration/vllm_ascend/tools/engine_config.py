@@ -12,12 +12,12 @@ PROPOSER = "lynx_npu.integration.vllm_ascend.proposer.NullProposer"
 
 
 def prefill_engine_args(model: str, *, peer: str | None = None, codec: str = "lynx",
-                        gbps: float | None = None, precompress: bool = False,
-                        wire_dtype: str | None = None, secret: str | None = None,
+                        gbps: float | None = None, wire_dtype: str | None = None,
+                        secret: str | None = None,
                         **engine) -> dict:
     """The prefill instance: stock vLLM plus the Lynx connector as KV producer. Prefix caching
     stays on (a prompt computed once is sent again for free)."""
-    extra = {"codec": codec, "precompress": precompress}
+    extra = {"codec": codec}
     for key, value in (("peer", peer), ("gbps", gbps), ("wire_dtype", wire_dtype),
                        ("secret", secret)):
         if value is not None:

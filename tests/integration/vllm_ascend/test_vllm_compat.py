@@ -42,7 +42,8 @@ def test_override_warns_and_takes_the_nearest_release(version, nearest, caplog):
     with caplog.at_level(logging.WARNING, logger=compat.__name__):
         traits = compat.check_vllm_version(version, environ={compat.ALLOW_ENV: "1"})
     assert traits is compat.VERSION_TRAITS[nearest]
-    assert f"found vLLM {version}" in caplog.text and f"differences of vLLM {nearest}" in caplog.text
+    assert f"found vLLM {version}" in caplog.text
+    assert f"differences of vLLM {nearest}" in caplog.text
     with pytest.raises(compat.UnsupportedVLLMVersion):  # only "1" overrides
         compat.check_vllm_version(version, environ={compat.ALLOW_ENV: "yes"})
 
