@@ -25,6 +25,8 @@ COMMANDS: dict[tuple[str | None, str], tuple[str, str]] = {
     ("eval", "sweep"): ("lynx_npu.eval.sweep_cmd", "alpha / V-axis / sink sweep with a PNG plot"),
     ("bench", "kernels"): ("lynx_npu.eval.bench_kernels", "compress/decompress GB/s per backend"),
     ("bench", "transfer"): ("lynx_npu.transport.bench_cmd", "split-stream transfer over loopback"),
+    ("bench", "datapath"): ("lynx_npu.eval.bench_datapath",
+                            "paged cache -> compress -> loopback TCP -> decompress into a cache"),
     (None, "demo"): ("lynx_npu.integration.vllm_ascend.tools.demo",
                      "prefill + decode vLLM instances with Lynx KV transfer"),
 }

@@ -126,6 +126,26 @@ def _time_steady(fn, device: str, repeats: int, target_s: float = 0.05) -> float
     return statistics.median(times)
 
 
+def timer_for(device: str):
+    """The harness's timer: wall clock on the CPU, back-to-back calls between device events
+    on accelerators (``_time_steady``)."""
+    return _time if device == "cpu" else _time_steady
+
+
+def copy_gbps(kv, device: str, repeats: int) -> float:
+    """The device's copy bandwidth on ``kv`` ([(k, v)] per layer): a tensor copy of every
+    layer, bytes read + written per second (GB/s), timed as the ops are."""
+    copies = [(torch.empty_like(k), torch.empty_like(v)) for k, v in kv]
+    kv_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in kv)
+
+    def copy_all():
+        for (k, v), (ck, cv) in zip(kv, copies):
+            ck.copy_(k)
+            cv.copy_(v)
+
+    return 2 * kv_bytes / timer_for(device)(copy_all, device, repeats) / 1e9
+
+
 def synthetic_kv(layers, heads, tokens, head_dim, dtype, device, seed=0):
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -167,17 +187,9 @@ def run(args) -> int:
     _log(f"device {device}, shape {shape} {args.dtype}, config {cfg}")
     kv = synthetic_kv(layers, heads, tokens, head_dim, dtype, device, args.seed)
     kv_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in kv)
-    copies = [(torch.empty_like(k), torch.empty_like(v)) for k, v in kv]
-
-    def copy_all():
-        for (k, v), (ck, cv) in zip(kv, copies):
-            ck.copy_(k)
-            cv.copy_(v)
-
-    timer = _time if device == "cpu" else _time_steady
-    copy_gbps = 2 * kv_bytes / timer(copy_all, device, repeats) / 1e9
-    _log(f"copy {copy_gbps:.1f} GB/s (read + write)")
-    del copies
+    timer = timer_for(device)
+    copy = copy_gbps(kv, device, repeats)
+    _log(f"copy {copy:.1f} GB/s (read + write)")
     backends = args.backend.split(",") if args.backend else [None]
     results = []
     for backend in backends:
@@ -213,10 +225,10 @@ def run(args) -> int:
             if device != "cpu":
                 res["latency_s"] = _time(fn, device, repeats)
             results.append(res)
-            _log(f"{name:8s} {op:18s} {res['gbps']:8.2f} GB/s ({res['gbps'] / copy_gbps:6.1%} of "
+            _log(f"{name:8s} {op:18s} {res['gbps']:8.2f} GB/s ({res['gbps'] / copy:6.1%} of "
                  f"copy), KV {res['kv_gbps']:.2f} GB/s, {sec * 1e3:.2f} ms"
                  + (f" (one call {res['latency_s'] * 1e3:.2f} ms)" if "latency_s" in res else ""))
-    out = {"device": _device_name(device), "copy_gbps": copy_gbps, "results": results,
+    out = {"device": device_name(device), "copy_gbps": copy, "results": results,
            "dtype": args.dtype, "config": dataclasses.asdict(cfg)}
     if "decompress_paged" in want_ops:
         out["paged"] = {"layout": args.paged_layout or PAGED_LAYOUT[device],
@@ -230,7 +242,7 @@ def run(args) -> int:
     return 0
 
 
-def _device_name(device: str) -> str:
+def device_name(device: str) -> str:
     if device == "cuda":
         return f"cuda: {torch.cuda.get_device_name()}"
     if device == "cpu":

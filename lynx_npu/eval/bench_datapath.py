@@ -1,0 +1,331 @@
+"""``lynx bench datapath``: the whole KV data path on one device, stage by stage.
+
+A paged KV cache on the device (``--layout``, blocks in ``--block-order``) -> compress with the
+page serde (the gather from the blocks, the wire layout and the scalar previews included:
+lynx_npu.ops.page_serde) -> staging to host memory -> frames over loopback TCP (the embedded
+split-stream transport, no rate limit) -> the receiver -> staging to the device -> decompress
+straight into a second paged cache on the same device (other blocks, shuffled).
+
+Stages are run one after the other and timed on their own (host staging: its second run) with the kernel benchmark's harness
+(lynx_npu/eval/bench_kernels.py: wall clock on the CPU, device events around back-to-back calls
+on accelerators, median of ``--repeats``), beside the device's copy bandwidth measured in the
+same run the same way. Device stages count every launch of a whole request (all layers), their
+GB/s are bytes read + written per second: compress = KV read + wire bytes written, decompress =
+wire bytes read + KV written; ``*_kv_gbps`` is KV bytes per second. The link's rate is wire
+bytes (frame headers included) per second, in Gbit/s. Host staging (``d2h``, ``h2d``) is
+reported apart (on the CPU there is none: the wire bytes are the kernel's buffers).
+
+Checks: the wire pages equal the codec's reference ``encode_pages`` of the KV, byte for byte,
+and the received cache equals the reference ``decode_page`` of those pages, value for value,
+at every slot (``exact``); the references run on the same device (torch), layer by layer.
+
+JSON (``--json``): {"device", "copy_gbps", "tokens", "compress_gbps", "decompress_gbps",
+"wire_gbps", "exact", ...: every stage's seconds and rates, the shape, layout, backends}.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+
+import numpy as np
+import torch
+
+import lynx_npu
+from lynx_npu.cli_types import MAX_TOKENS, int_in, output_file
+from lynx_npu.ops import KV_CACHE_LAYOUTS, PagedKVCache, serde_for
+from lynx_npu.ops.dest import paged
+from lynx_npu.ops.lynx_serde import PLAN_TABLE_BACKENDS
+
+from .bench_kernels import _sync, copy_gbps, device_name, timer_for
+from .progress import progress
+
+DEFAULT_SHAPE = {"cpu": (30, 3, 8192, 64), "cuda": (32, 8, 16384, 128)}  # SmolLM2, Llama-8B
+DEFAULT_LAYOUT = {"cpu": "vllm_cpu", "cuda": "vllm_flash_nhd"}
+BLOCK_SIZE = {"cpu": 32, "cuda": 16}
+CODECS = ("lynx", "lynx-int8", "lynx-int4")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("cpu", "cuda"),
+                        help="default: cuda if available, else cpu")
+    parser.add_argument("--tokens", type=int_in(1, MAX_TOKENS), help="default 8192 (cpu), 16384 (cuda)")
+    parser.add_argument("--layers", type=int_in(1, 1024), help="default 30 (cpu), 32 (cuda)")
+    parser.add_argument("--kv-heads", type=int_in(1, 1024), help="default 3 (cpu), 8 (cuda)")
+    parser.add_argument("--head-dim", type=int_in(1, 4096), help="default 64 (cpu), 128 (cuda)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument("--layout", choices=sorted(KV_CACHE_LAYOUTS),
+                        help="paged cache layout (default vllm_cpu on cpu, vllm_flash_nhd on "
+                             "cuda)")
+    parser.add_argument("--block-order", choices=("random", "sequential"), default="random")
+    parser.add_argument("--block-size", type=int_in(1, 4096), help="default 32 (cpu), 16 (cuda)")
+    parser.add_argument("--codec", choices=CODECS, default="lynx")
+    parser.add_argument("--backend", default=None, help="ops backend (default: automatic)")
+    parser.add_argument("--connections", type=int_in(1, 16), default=4, help="TCP connections")
+    parser.add_argument("--repeats", type=int_in(1, 100000), default=None,
+                        help="timed repetitions of each device stage (default 5 cpu, 10 cuda)")
+    parser.add_argument("--check-layers", type=int_in(0, 1024), default=0,
+                        help="layers checked against the reference (default 0: all)")
+    parser.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0)
+    parser.add_argument("--json", type=output_file, metavar="OUT.json", help="write the results here")
+
+
+def _log(message: str) -> None:
+    print(f"[lynx bench datapath] {message}", file=sys.stderr, flush=True)
+
+
+def _kv(layers, heads, tokens, head_dim, dtype, device, seed):
+    """Synthetic KV made on the device: Laplacian K with per-channel scales, Gaussian V."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for _ in range(layers):
+        u = torch.rand(heads, tokens, head_dim, generator=g, device=device) - 0.5
+        scale = torch.rand(1, 1, head_dim, generator=g, device=device) * 4 + 0.1
+        k = -torch.sign(u) * torch.log1p(-2 * u.abs().clamp(max=0.4999999)) * scale
+        v = torch.randn(heads, tokens, head_dim, generator=g, device=device) * 0.5
+        out.append((k.to(dtype), v.to(dtype)))
+    return out
+
+
+def _cache(layout, layers, heads, tokens, head_dim, dtype, device, block_size, order, seed):
+    num_blocks = -(-tokens // block_size) + 8
+    lay = KV_CACHE_LAYOUTS[layout]
+    cache = PagedKVCache.build(lay, [lay.allocate(num_blocks, block_size, heads, head_dim,
+                                                  dtype, device) for _ in range(layers)])
+    blocks = (torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))
+              if order == "random" else torch.arange(num_blocks))
+    t = torch.arange(tokens)
+    slots = blocks[t // block_size] * block_size + t % block_size
+    return cache, slots
+
+
+def _inbox(serde, shape, dtype):
+    """Where the receiver's sink puts every frame: one host buffer, written before the clock
+    starts (a consumer frees each payload once decoded; keeping 10**3 fresh allocations
+    alive instead would time the host's page faults, not the link)."""
+    num_layers, heads, tokens, head_dim = shape
+    place, off = {}, 0
+    for layer in range(num_layers):
+        for t0, t1, a, r in serde.page_nbytes(tokens, heads, head_dim, dtype):
+            place[(layer, t0)] = (t1, off, a, off + a, r or 0)
+            off += a + (r or 0)
+    raw = torch.ones(max(off, 1), dtype=torch.uint8).numpy()  # touched: no page faults later
+    return place, raw
+
+
+def _wire(serde, codec, layers, shape, dtype, connections):
+    """Send the staged layers over loopback -> (seconds, wire bytes, received pages)."""
+    from lynx_npu.ops import WirePage
+    from lynx_npu.transport import Receiver, ReceiverConfig, Sender, SenderConfig
+
+    num_layers, heads, tokens, head_dim = shape
+    received: dict[int, dict[int, object]] = {}
+    place, raw = _inbox(serde, shape, dtype)
+    whole = memoryview(raw)
+
+    def on_encoded(rid, layer, page, stage):
+        if rid != 2:
+            return
+        t1, a_off, a, r_off, r = place[(layer, page.token_start)]
+        have = received.setdefault(layer, {}).get(page.token_start)
+        if have is None:
+            raw[a_off:a_off + a] = np.frombuffer(page.anchor, dtype=np.uint8)
+        if page.residual is not None:
+            raw[r_off:r_off + r] = np.frombuffer(page.residual, dtype=np.uint8)
+        received[layer][page.token_start] = WirePage(
+            page.index, page.token_start, t1, whole[a_off:a_off + a],
+            whole[r_off:r_off + r] if page.residual is not None else None)
+
+    with Receiver(ReceiverConfig(deadline_s=600, max_request_bytes=1 << 40),
+                  on_encoded=on_encoded) as receiver:
+        with Sender(SenderConfig(port=receiver.port, num_connections=connections,
+                                 deadline_s=600)) as sender:
+            warm = serde.encode(*[torch.zeros(heads, 64, head_dim, dtype=dtype)] * 2)
+            sender.send_layers(1, codec, [warm], num_layers=1, num_tokens=64,
+                               num_kv_heads=heads, head_dim=head_dim, dtype=dtype).wait(60)
+            handle = receiver.request(2)
+            t0 = time.perf_counter()
+            sent = sender.send_layers(2, codec, layers, num_layers=num_layers,
+                                      num_tokens=tokens, num_kv_heads=heads,
+                                      head_dim=head_dim, dtype=dtype)
+            handle.residual_ready.wait(600)
+            seconds = time.perf_counter() - t0
+            sent.wait(600)
+    nbytes = sum(n for *_, n in handle.arrivals)
+    return seconds, nbytes, {layer: list(p.values()) for layer, p in received.items()}
+
+
+def _check(codec, src, src_slots, dst, dst_slots, encoded, layers: int) -> bool:
+    """Wire bytes == the reference encoder's; the received cache == the reference decoder's
+    (the reference on the host, as the tests run it)."""
+    exact = True
+    with progress(layers, "[lynx bench datapath] checking layers") as bar:
+        for i in range(layers):
+            k, v = (x.cpu() for x in src.read(i, src_slots))
+            ref = codec.encode_pages(k, v)
+            exact &= len(ref) == len(encoded[i].pages)
+            for got, want in zip(encoded[i].pages, ref):
+                same = bytes(got.anchor) == want.anchor.numpy().tobytes() and (
+                    want.residual is None
+                    or bytes(got.residual) == want.residual.numpy().tobytes())
+                exact &= same
+            wk = [codec.decode_page(p.anchor, p.residual, p.token_start, p.token_end,
+                                    num_kv_heads=k.shape[0], head_dim=k.shape[2],
+                                    dtype=k.dtype) for p in ref]
+            gk, gv = (x.cpu() for x in dst.read(i, dst_slots))
+            exact &= bool(torch.equal(gk, torch.cat([x[0] for x in wk], 1)))
+            exact &= bool(torch.equal(gv, torch.cat([x[1] for x in wk], 1)))
+            bar.update()
+    return exact
+
+
+def run(args) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        _log("device cuda is not available here")
+        return 2
+    layers, heads, tokens, head_dim = DEFAULT_SHAPE[device]
+    layers, heads = args.layers or layers, args.kv_heads or heads
+    tokens, head_dim = args.tokens or tokens, args.head_dim or head_dim
+    shape = (layers, heads, tokens, head_dim)
+    if min(shape) < 1 or args.connections < 1:
+        raise ValueError(f"shape {shape} and --connections {args.connections} must be >= 1")
+    dtype = getattr(torch, args.dtype)
+    layout = args.layout or DEFAULT_LAYOUT[device]
+    block_size = args.block_size or BLOCK_SIZE[device]
+    repeats = args.repeats or (5 if device == "cpu" else 10)
+    codec = lynx_npu.get_codec(args.codec)
+    serde = serde_for(codec, args.backend)
+    used = serde.compress_backend(device, heads, head_dim, dtype)
+    if used not in PLAN_TABLE_BACKENDS:
+        raise ValueError(f"the {used!r} backend runs the reference codec (no wire-layout "
+                         f"kernels); the data path needs one of {sorted(PLAN_TABLE_BACKENDS)}")
+    _log(f"device {device}, {layers} layers x [{heads}, {tokens}, {head_dim}] {args.dtype}, "
+         f"{layout} cache, {args.block_order} blocks of {block_size}, codec {args.codec}")
+
+    kv = _kv(layers, heads, tokens, head_dim, dtype, device, args.seed)
+    kv_bytes = sum(2 * k.numel() * k.element_size() for k, _ in kv)
+    src, src_slots = _cache(layout, layers, heads, tokens, head_dim, dtype, device, block_size,
+                            args.block_order, args.seed + 1)
+    dst, dst_slots = _cache(layout, layers, heads, tokens, head_dim, dtype, device, block_size,
+                            args.block_order, args.seed + 2)
+    for i, (k, v) in enumerate(kv):
+        src.write(i, src_slots.to(device), k, v)
+    copy = copy_gbps(kv, device, repeats)
+    del kv
+    _log(f"copy {copy:.1f} GB/s (read + write)")
+    timer = timer_for(device)
+    src_dev, dst_dev = src_slots.to(device), dst_slots.to(device)
+    backend_c = serde.compress_backend(device, heads, head_dim, dtype)
+    backend_d = serde.decompress_backend(device, heads, head_dim, dtype)
+
+    # 1. compress every layer of the request on the device (gather + wire layout + previews)
+    compress_s = timer(lambda: list(_compress(serde, src, src_dev)), device, repeats)
+    device_layers = list(_compress(serde, src, src_dev))
+    _sync(device)
+    # 2. stage to host memory (the wire pages); timed the second time (pinned buffers cached)
+    encoded = [layer.wait() for layer in _stage(serde, device_layers)]
+    t0 = time.perf_counter()
+    encoded = [layer.wait() for layer in _stage(serde, device_layers)]
+    d2h_s = time.perf_counter() - t0
+    wire_bytes = sum(layer.nbytes for layer in encoded)
+    _log(f"compress ({backend_c}) {compress_s * 1e3:.2f} ms: "
+         f"{(kv_bytes + wire_bytes) / compress_s / 1e9:.1f} GB/s; d2h {d2h_s * 1e3:.1f} ms")
+    # 3. loopback TCP
+    wire_s, frame_bytes, received = _wire(serde, codec, encoded, shape, dtype, args.connections)
+    _log(f"wire {wire_s:.3f} s: {frame_bytes * 8 / wire_s / 1e9:.2f} Gbit/s "
+         f"({args.connections} connections)")
+    # 4. stage the received pages to the device, 5. decompress into the second cache
+    staged = _stage_received(serde, received, dst)
+    del staged
+    t0 = time.perf_counter()
+    staged = _stage_received(serde, received, dst)
+    _sync(device)
+    h2d_s = time.perf_counter() - t0
+    decompress_s = timer(lambda: _apply(serde, staged, dst, dst_dev), device, repeats)
+    _log(f"decompress ({backend_d}) {decompress_s * 1e3:.2f} ms: "
+         f"{(kv_bytes + wire_bytes) / decompress_s / 1e9:.1f} GB/s; h2d {h2d_s * 1e3:.1f} ms")
+    _apply(serde, staged, dst, dst_dev)
+    _sync(device)
+    checked = min(args.check_layers or layers, layers)
+    exact = _check(codec, src, src_dev, dst, dst_dev, encoded, checked)
+    _log(f"exact: {exact} ({checked} of {layers} layers checked)")
+
+    out = {"device": device_name(device), "copy_gbps": copy, "tokens": tokens,
+           "layers": layers, "kv_heads": heads, "head_dim": head_dim, "dtype": args.dtype,
+           "layout": layout, "block_order": args.block_order, "block_size": block_size,
+           "codec": args.codec, "compress_backend": backend_c, "decompress_backend": backend_d,
+           "kv_bytes": kv_bytes, "wire_bytes": wire_bytes, "frame_bytes": frame_bytes,
+           "compress_s": compress_s, "compress_gbps": (kv_bytes + wire_bytes) / compress_s / 1e9,
+           "compress_kv_gbps": kv_bytes / compress_s / 1e9,
+           "d2h_s": d2h_s, "wire_s": wire_s, "wire_gbps": frame_bytes * 8 / wire_s / 1e9,
+           "connections": args.connections, "h2d_s": h2d_s, "decompress_s": decompress_s,
+           "decompress_gbps": (kv_bytes + wire_bytes) / decompress_s / 1e9,
+           "decompress_kv_gbps": kv_bytes / decompress_s / 1e9,
+           "exact": exact, "checked_layers": checked,
+           "units": {"*_gbps": "GB/s read + written (device stages)",
+                     "*_kv_gbps": "GB/s of KV", "wire_gbps": "Gbit/s of frame bytes"},
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    out["compress_vs_copy"] = out["compress_gbps"] / copy
+    out["decompress_vs_copy"] = out["decompress_gbps"] / copy
+    if device == "cpu":
+        out["threads"] = torch.get_num_threads()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    print(json.dumps(out, indent=1))
+    return 0 if exact else 1
+
+
+def _compress(serde, cache, slots):
+    """Every layer compressed on the device -> [(buffer, LayerWire, base offset, backend)]."""
+    name, impl = serde._select(cache.device, cache.num_kv_heads, cache.head_size, cache.dtype)
+    if serde._layered(impl, cache):
+        buf, lw = serde.compress_request(impl, cache, slots)
+        return [(buf, lw, i * lw.nbytes, name) for i in range(cache.num_layers)]
+    out = []
+    for i in range(cache.num_layers):
+        buf, lw, used = serde.compress_cache(cache.layer(i), slots)
+        out.append((buf, lw, 0, used))
+    return out
+
+
+def _stage(serde, device_layers):
+    staged = {}
+    for buf, lw, base, name in device_layers:
+        key = id(buf)
+        if key not in staged:
+            staged[key] = serde._copier(buf.device).to_host(buf)
+        s = staged[key]
+        yield serde._pages(s.host.numpy(), base, lw, name, s.wait)
+
+
+def _stage_received(serde, received, cache):
+    """The received pages on the device: one staging for all layers where one launch decodes
+    them all, else one per layer."""
+    h, d, dtype, dev = cache.num_kv_heads, cache.head_size, cache.dtype, cache.device
+    _, impl = serde._select(dev, h, d, dtype)
+    if serde._layered(impl, cache):
+        flat = [(layer, p) for layer, ps in sorted(received.items()) for p in ps]
+        return serde.stage([p for _, p in flat], dev, h, d, dtype,
+                           layers=[layer for layer, _ in flat])
+    return {layer: serde.stage(ps, dev, h, d, dtype) for layer, ps in received.items()}
+
+
+def _apply(serde, staged, cache, slots):
+    if not isinstance(staged, dict):
+        return serde.apply_layers(staged, cache, slots)
+    for layer, s in staged.items():
+        serde.apply(s, paged(cache.layer(layer), slots), cache.num_kv_heads, cache.head_size)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="lynx bench datapath", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
