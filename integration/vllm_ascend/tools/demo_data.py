@@ -2,17 +2,29 @@
 
 Each prompt is one meeting's transcript (``speaker: text`` turns), cut to a token budget at a
 turn boundary, followed by one of the meeting's queries, in the model's chat template. The
-data is read from ``../shared/data/qmsum/val.jsonl`` relative to the repository root unless a
-path is given.
+data is ``qmsum/val.jsonl`` under ``$LYNX_DATA`` if set, else under ``../shared/data`` of the
+working directory (the README runs from the repository root), else of the checkout this file is
+in, unless a path is given.
 """
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 from dataclasses import dataclass
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "qmsum" / "val.jsonl"
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]  # in a checkout
+QMSUM = pathlib.Path("qmsum") / "val.jsonl"
+
+
+def default_data() -> pathlib.Path:
+    """Where the QMSum file is looked for when no path is given (the module docstring)."""
+    if os.environ.get("LYNX_DATA"):
+        return pathlib.Path(os.environ["LYNX_DATA"]) / QMSUM
+    for root in (pathlib.Path.cwd().parent, REPO_ROOT.parent):
+        if (root / "shared" / "data" / QMSUM).is_file():
+            return root / "shared" / "data" / QMSUM
+    return pathlib.Path.cwd().parent / "shared" / "data" / QMSUM
 
 
 @dataclass(frozen=True)
@@ -26,7 +38,7 @@ class Prompt:
 def load_prompts(tokenizer, num_prompts: int, num_tokens: int,
                  path: str | pathlib.Path | None = None) -> list[Prompt]:
     """``num_prompts`` chat prompts of at most ``num_tokens`` tokens (transcript + query)."""
-    path = pathlib.Path(path) if path is not None else DEFAULT_DATA
+    path = pathlib.Path(path) if path is not None else default_data()
     if not path.is_file():
         raise FileNotFoundError(f"QMSum data not found at {path} (pass --data PATH)")
     if num_prompts < 1 or num_tokens < 64:
