@@ -34,7 +34,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from lynx_npu.codec.registry import list_codecs
+from lynx_npu.codec.registry import get_codec, list_codecs
 
 ROLES = {"kv_producer": "producer", "kv_consumer": "consumer"}
 PARAMS_KEY = "lynx"
@@ -123,6 +123,14 @@ def parse_bool(name: str, value) -> bool:
 def check_codec(name: str, codec) -> None:
     if not isinstance(codec, str) or codec not in list_codecs():
         raise ValueError(f"{name}={codec!r} is not a codec; codecs: {', '.join(list_codecs())}")
+
+
+def declared_codecs() -> tuple:
+    """What both sides announce in the transport's handshake: every registered codec with the
+    parameters this build gives it (requests name codecs only by name). A prefill and a decode
+    instance whose builds differ in any codec parameter or in the payload format are refused
+    at connection time, naming the difference, instead of exchanging frames."""
+    return tuple(get_codec(name) for name in list_codecs())
 
 
 def secret_bits(secret: str) -> float:

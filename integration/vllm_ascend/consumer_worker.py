@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from lynx_npu.ops import PagedKVCache, WirePage
 from lynx_npu.transport import Receiver, ReceiverConfig
 
-from .config import LynxConnectorConfig
+from .config import LynxConnectorConfig, declared_codecs
 from .messages import LoadJob, LoadReport, LynxWorkerMeta, RefineReport
 from .vllm_compat import get_logger
 
@@ -75,7 +75,8 @@ class ConsumerWorker:
         self.receiver = Receiver(ReceiverConfig(
             host=config.host, port=config.port + rank if config.port else 0,
             deadline_s=config.transfer_timeout_s, num_decode_threads=config.num_decode_threads,
-            defer_residual=config.defer_residual, secret=config.secret_bytes),
+            defer_residual=config.defer_residual, secret=config.secret_bytes,
+            codecs=declared_codecs()),
             on_encoded=self.inbox.on_page)
         self.kv: PagedKVCache | None = None
         self.decoded_by: set[str] = set()   # the backends that decoded pages (logged once)

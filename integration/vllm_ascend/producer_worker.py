@@ -20,7 +20,7 @@ import lynx_npu
 from lynx_npu.ops import EncodedLayer, PagedKVCache, WirePage, serde_for
 from lynx_npu.transport import Sender, SenderConfig
 
-from .config import LynxConnectorConfig, parse_peer
+from .config import LynxConnectorConfig, declared_codecs, parse_peer
 from .messages import SaveJob
 from .vllm_compat import get_logger
 
@@ -128,7 +128,8 @@ class ProducerWorker:
         if sender is None:
             sender = Sender(SenderConfig(port=port, host=host, gbps=self.config.gbps,
                                          deadline_s=self.config.transfer_timeout_s,
-                                         secret=self.config.secret_bytes))
+                                         secret=self.config.secret_bytes,
+                                         codecs=declared_codecs()))
             self._senders[(host, port)] = sender
         return sender
 

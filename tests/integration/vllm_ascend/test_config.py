@@ -164,3 +164,22 @@ def test_a_request_codec_is_checked_against_the_registry():
 def test_malformed_request_params_are_value_errors(params, match):
     with pytest.raises(ValueError, match=match):
         TransferParams.from_request(params)
+
+
+def test_both_sides_declare_the_registry_and_a_different_build_is_refused():
+    """The workers announce every registered codec in the handshake: equal builds connect; a
+    prefill build whose lynx differs in one parameter is refused naming it."""
+    import lynx_npu
+    from lynx_npu.transport import IncompatiblePeerError, Receiver, ReceiverConfig, Sender, \
+        SenderConfig
+
+    from lynx_npu.integration.vllm_ascend.config import declared_codecs
+
+    assert [c.name for c in declared_codecs()] == lynx_npu.list_codecs()
+    with Receiver(ReceiverConfig(codecs=declared_codecs(), handshake_timeout_s=5)) as receiver:
+        with Sender(SenderConfig(port=receiver.port, codecs=declared_codecs())):
+            pass
+        other = tuple(lynx_npu.get_codec("lynx", alpha_k=0.5) if c.name == "lynx" else c
+                      for c in declared_codecs())
+        with pytest.raises(IncompatiblePeerError, match="alpha_k"):
+            Sender(SenderConfig(port=receiver.port, codecs=other))
