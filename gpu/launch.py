@@ -8,6 +8,7 @@ Every launch passes ``enable_fp_fusion=False``: the reference rounds each multip
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -15,6 +16,7 @@ import sys
 import torch
 import triton
 
+from lynx_npu.ops import value_flags
 from lynx_npu.ops.dest import Destination
 from lynx_npu.ops.plan import LayerPlan
 from lynx_npu.ops.tables import device_tables, log_search, recip_table, search_tables
@@ -23,6 +25,9 @@ from .lynx_compress import lynx_compress_kernel
 from .lynx_decompress import lynx_decompress_kernel
 
 NAME = "triton"
+# compress refuses NaN / Inf / a page range past float32 itself: the kernel flags them in its
+# pass 1 (ops/value_flags.py), so ops.compress runs no aminmax pass first
+CHECKS_VALUES = True
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_TILE = 16384      # values per program (registers)
 MAX_PAGE = 1024
@@ -48,10 +53,16 @@ def _blocks(cfg, head_dim: int, which: str) -> dict:
     in steps of RPT groups per thread: CS tokens of every chunk (channel axis) or TS tokens
     (token axis, where BD is a multiple of the chunk along head_dim, CE = GC*8, GT of a
     chunk's groups per thread)."""
+    tune = TUNING["compress"]
+    return dict(_blocks_for(cfg, head_dim, which, tune["BD"], tune["num_warps"], tune["RPT"]))
+
+
+@functools.lru_cache(maxsize=256)  # ops.compress runs this on every call (host time)
+def _blocks_for(cfg, head_dim: int, which: str, tune_bd, tune_warps, tune_rpt) -> dict:
     bt = _pow2(cfg.page_size)
     c = cfg.chunk_size
     token = cfg.axis(which) == "token"
-    tune = TUNING["compress"]
+    tune = {"BD": tune_bd, "num_warps": tune_warps, "RPT": tune_rpt}
     # Measured on an H100 (docs/benchmarks.md, python -m lynx_npu.gpu.tune). With the
     # midrange centre: on the channel axis NC * G = the thread count, so
     # each thread walks whole chunks (lynx_compress.py), on the token axis 128 channels; with
@@ -132,6 +143,12 @@ def _pack_asm(x: torch.Tensor) -> bool:
 
 
 def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
+    tune = TUNING["compress"]
+    return _supports(cfg, head_dim, dtype, tune["BD"], tune["num_warps"], tune["RPT"])
+
+
+@functools.lru_cache(maxsize=256)  # checked by every op call: cached (host time)
+def _supports(cfg, head_dim: int, dtype, *tuning) -> str | None:
     if cfg.center not in ("mean", "midrange"):
         return f"center={cfg.center!r}"
     if dtype not in DTYPES:
@@ -199,15 +216,26 @@ def _words(buf: torch.Tensor, bits: int):
 
 
 def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=None,
-             previews=None, row_align: int = 1):
+             previews=None, row_align: int = 1, flags: torch.Tensor | None = None):
     """``rows`` (a paged cache, ops/lynx_serde.py): int64 [num_tokens] element offsets of each
     token's row from k's / v's first element (or a (k rows, v rows) pair), read by the kernel
     in place of ``t * stride`` (the gather fused into compress; k and v are then views of the
     cache at block 0; the tokens of several layers can be one plan this way); ``row_align``:
     a power of two (elements) dividing every row offset, which keeps the loads vectorized.
     ``previews``: (int64 [num_pages, 2] byte offsets, uint8 [2, 65536] table): the kernel also
-    stores the wire's one-byte scalar previews (ops/wire_layout.py)."""
+    stores the wire's one-byte scalar previews (ops/wire_layout.py).
+
+    Input no page can carry (NaN, Inf, a page channel range past float32) is flagged by the
+    kernels (ops/value_flags.py). Without ``flags`` this reads them after the launch (one
+    sync) and raises the ValueError naming it; a caller's ``flags`` (``value_flags.new``) are
+    only written, for the caller to read where it waits anyway (the page serde's staging)."""
     dev = _check_device(k, v)
+    own_flags = flags is None
+    if own_flags:
+        flags = value_flags.new(dev)
+    elif flags.dtype != torch.int32 or tuple(flags.shape) != (2, 2) or flags.device != dev:
+        raise ValueError(f"flags must be int32 [2, 2] on {dev}, got {flags.dtype} "
+                         f"{tuple(flags.shape)} on {flags.device}")
     cfg = plan.config
     if isinstance(rows, torch.Tensor):
         rows = (rows, rows)
@@ -244,8 +272,8 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
             x, *x.stride(), rows[wi] if rows is not None else dummy,
             previews[0] if previews is not None else dummy,
             previews[1] if previews is not None else a8, a8, akv, a16, aw, res_arg, rw, table,
-            search_entries[wi], recip_table(dev),
-            plan.num_kv_heads, plan.head_dim, blk["num_dt"],
+            search_entries[wi], recip_table(dev), flags,
+            plan.num_kv_heads, plan.head_dim, blk["num_dt"], plan.num_pages * plan.num_kv_heads,
             WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
             CS=blk["CS"], GC=blk["GC"], TS=blk["TS"], GT=blk["GT"],
             BS=_pow2(cfg.num_sink_tokens), ES=es,
@@ -261,7 +289,21 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
             PAGED=_pow2_floor(row_align) if rows is not None else 0,
             PREVIEW=previews is not None,
             num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
+    if own_flags:
+        _raise_flagged(flags.cpu(), plan, k, v, rows)
     return anchor, residual
+
+
+def _raise_flagged(flags: torch.Tensor, plan: LayerPlan, k, v, rows) -> None:
+    """Raise what the kernels flagged: the reference's message, naming the first bad value's
+    index, where k and v are the layer itself (a pass over them on this error path only)."""
+    err = value_flags.error(flags, plan)
+    if err is None:
+        return
+    if rows is None:
+        from lynx_npu.ops.api import check_values
+        check_values(k, v)  # raises, naming the value
+    raise err
 
 
 def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerPlan,

@@ -49,31 +49,41 @@ def unpack_fields(b8_ptr, w_ptr, off, grp, qmask, Q: tl.constexpr, BITS: tl.cons
 
 @triton.jit
 def minmax_combine(a_lo, a_hi, b_lo, b_hi):
+    """Element-wise min / max ignoring NaN (minnum: padding loaded as NaN drops out)."""
     return tl.minimum(a_lo, b_lo), tl.maximum(a_hi, b_hi)
 
 
 @triton.jit
+def minmax_nan_combine(a_lo, a_hi, b_lo, b_hi):
+    """``minmax_combine`` that propagates NaN (PTX min.NaN / max.NaN): compress's pass 1, whose
+    page min / max also flag non-finite input (a NaN must survive every reduction)."""
+    return (tl.minimum(a_lo, b_lo, propagate_nan=tl.PropagateNan.ALL),
+            tl.maximum(a_hi, b_hi, propagate_nan=tl.PropagateNan.ALL))
+
+
+@triton.jit
 def pmin(a, b):
-    """tl.minimum (minnum: a NaN operand is ignored); 16-bit floats as packed pairs of
-    consecutive values (min.{bf16x2,f16x2}: LLVM otherwise re-pairs halves with PRMT)."""
+    """tl.minimum propagating NaN (min.NaN: a NaN operand makes the result NaN, so a page's
+    min flags a NaN in it); 16-bit floats as packed pairs of consecutive values
+    (min.NaN.{bf16x2,f16x2}: LLVM otherwise re-pairs halves with PRMT)."""
     if a.dtype == tl.bfloat16:
-        return tl.inline_asm_elementwise("min.bf16x2 $0, $1, $2;", "=r,r,r", [a, b],
+        return tl.inline_asm_elementwise("min.NaN.bf16x2 $0, $1, $2;", "=r,r,r", [a, b],
                                          dtype=tl.bfloat16, is_pure=True, pack=2)
     elif a.dtype == tl.float16:
-        return tl.inline_asm_elementwise("min.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+        return tl.inline_asm_elementwise("min.NaN.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
                                          dtype=tl.float16, is_pure=True, pack=2)
     else:
-        return tl.minimum(a, b)
+        return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
 def pmax(a, b):
-    """tl.maximum as pmin."""
+    """tl.maximum as pmin (max.NaN)."""
     if a.dtype == tl.bfloat16:
-        return tl.inline_asm_elementwise("max.bf16x2 $0, $1, $2;", "=r,r,r", [a, b],
+        return tl.inline_asm_elementwise("max.NaN.bf16x2 $0, $1, $2;", "=r,r,r", [a, b],
                                          dtype=tl.bfloat16, is_pure=True, pack=2)
     elif a.dtype == tl.float16:
-        return tl.inline_asm_elementwise("max.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+        return tl.inline_asm_elementwise("max.NaN.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
                                          dtype=tl.float16, is_pure=True, pack=2)
     else:
-        return tl.maximum(a, b)
+        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)

@@ -35,6 +35,13 @@ table (in shared memory through tl.gather) settles it exactly; 4+4 fields of 16-
 packed with byte permutes in inline PTX (``_pack44``), else from byte words with word masks.
 ``TREE=False`` (benchmarks only) sums the mean with tl.sum instead, to measure what the fixed
 order costs.
+
+Input no page can carry (lynx_ref.quantize refuses it) is flagged, not pre-checked: pass 1's
+min / max propagate NaN, so a channel's page min or max is not finite exactly when one of its
+values is NaN or Inf, and a finite pair whose difference overflows float32 is the reference's
+range error; sink tokens are tested as they are copied. One test per channel and one atomic
+per program write the first bad (page, head) to ``flags_ptr`` (ops/value_flags.py), read by the
+caller where it waits anyway: no second pass over the KV.
 """
 import os
 
@@ -45,7 +52,7 @@ from triton.language.extra import libdevice
 from lynx_npu.ops import plan as P
 from lynx_npu.ops import tables as T
 
-from .lynx_common import minmax_combine, pmax, pmin, section
+from .lynx_common import minmax_combine, minmax_nan_combine, pmax, pmin, section
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -627,7 +634,8 @@ def lynx_compress_kernel(
         plan_ptr,                        # int64 [num_pages, NF]
         search_ptr,                      # this stream's LogSearch entries (ops/tables.py)
         recip_ptr,                       # float32 [1024]: RN(1 / 1.m) (ops/tables.py)
-        H, D, NUM_DT,
+        flags_ptr,                       # int32 [2, 2]: bad input found (ops/value_flags.py)
+        H, D, NUM_DT, NUM_PH,            # NUM_PH = num_pages * H (the flags' codes)
         WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
         C: tl.constexpr, CS: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
         GT: tl.constexpr,
@@ -642,6 +650,7 @@ def lynx_compress_kernel(
     dt = tl.program_id(0) % NUM_DT  # channel strips vary fastest: neighbours share input rows
     page = tl.program_id(0) // NUM_DT
     h = tl.program_id(1)
+    flag = NUM_PH - (page * H + h)  # > 0; the largest is the first (page, head) flagged
     row = plan_ptr + page * NF
     token0 = tl.load(row + F_TOKEN0).to(tl.int32)  # token counts fit int32; byte offsets stay int64
     body0 = tl.load(row + F_BODY0).to(tl.int32)
@@ -659,6 +668,9 @@ def lynx_compress_kernel(
         xs = tl.load(xh + srow_off[:, None] + dd[None, :] * s_d, mask=sm)
         sink = akv_ptr + tl.load(row + F_SINK + WHICH) // ES
         tl.store(sink + (h * ns + s)[:, None] * D + dd[None, :], xs, mask=sm)
+        # sinks are copied, not coded: flag NaN / Inf here (pass 1 covers the body)
+        sink_bad = tl.sum(tl.where(sm & ~(tl.abs(xs.to(tl.float32)) < float("inf")), 1, 0))
+        tl.atomic_max(flags_ptr + 2 * WHICH, flag, mask=sink_bad > 0)
     if WHICH == 0:
         if (h == 0) & (dt == 0):  # alignment padding of this page's sections
             o = tl.arange(0, 32)
@@ -706,10 +718,13 @@ def lynx_compress_kernel(
         tr0, gr = _token_rows(tl.arange(0, RS), d0, TS, NCD, GT, GL)
     cm = (gr[:, None] + j[None, :]) < D
     xoff = (gr[:, None] + j[None, :]) * s_d
-    # Values outside the page or head_dim load as NaN, which tl.minimum / tl.maximum ignore
-    # (minnum semantics, also in the interpreter): no per-value select. On the GPU min / max
-    # stay in the KV dtype (exact; packed pairs for 16-bit floats, no conversion); the
-    # interpreter's bfloat16 maximum is wrong (Triton 3.9: -inf), so it takes float32.
+    # The min / max propagate NaN (min.NaN / max.NaN, no extra instruction), so a channel's
+    # page min or max is not finite exactly when a value of it is NaN or Inf: the flag below
+    # costs one test per channel, not per value. Channels past head_dim load as NaN (no
+    # per-value select); their min / max are never flagged, stored or mixed with another
+    # channel's. On the GPU min / max stay in the KV dtype (exact; packed pairs for 16-bit
+    # floats, no conversion); the interpreter's bfloat16 maximum is wrong (Triton 3.9: -inf),
+    # so it takes float32.
     xdt = tl.float32 if INTERPRET else x_ptr.dtype.element_ty
     lo = tl.full([RS, 8], float("inf"), xdt)
     hi = tl.full([RS, 8], float("-inf"), xdt)
@@ -726,11 +741,11 @@ def lynx_compress_kernel(
     hi = hi.to(tl.float32)
     if not TOKEN_AXIS:  # chunk min / max [NC, G, 8], then over the chunks
         lo, hi = tl.reduce((tl.reshape(lo, [CS, NC, G, 8]), tl.reshape(hi, [CS, NC, G, 8])), 0,
-                           minmax_combine)
-        gmin, gmax = tl.reduce((lo, hi), 0, minmax_combine)  # [G, 8]
+                           minmax_nan_combine)
+        gmin, gmax = tl.reduce((lo, hi), 0, minmax_nan_combine)  # [G, 8]
     else:  # [GT, NCD, GL, 8]
         gmin, gmax = tl.reduce((tl.reshape(lo, [GT, TS, NCD, GL, 8]),
-                                tl.reshape(hi, [GT, TS, NCD, GL, 8])), 1, minmax_combine)
+                                tl.reshape(hi, [GT, TS, NCD, GL, 8])), 1, minmax_nan_combine)
     y = _recip_or_zero(gmax - gmin)  # xn = RN(RN(x - gmin) * y), as lynx_ref
     # the search table: in registers (-> shared memory for tl.gather) if SMEM, else global (L1)
     if SMEM:
@@ -762,4 +777,11 @@ def lynx_compress_kernel(
     gmask = dg < tl.minimum(tp, 1) * D  # no gamma for a page without body tokens
     tl.store(gamma + h * D + dg, gmin.to(gdt), mask=gmask)
     tl.store(gamma + H * D + h * D + dg, gmax.to(gdt), mask=gmask)
+    # Input no page can carry (lynx_ref.quantize refuses it): a channel with NaN / Inf (its
+    # min or max not finite), or whose range overflows float32. One reduction per program.
+    fin = (tl.abs(gmin) < float("inf")) & (tl.abs(gmax) < float("inf"))
+    bad = tl.sum(tl.where((dg < D) & ~fin, 65536, 0)
+                 + tl.where((dg < D) & fin & ~(gmax - gmin < float("inf")), 1, 0))
+    tl.atomic_max(flags_ptr + 2 * WHICH, flag, mask=bad >= 65536)
+    tl.atomic_max(flags_ptr + 2 * WHICH + 1, flag, mask=(bad & 65535) > 0)
 

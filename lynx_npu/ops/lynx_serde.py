@@ -5,7 +5,10 @@ buffer on the cache's device (wire_layout.py places every section; scalar previe
 the exact stats through a 64K-entry table, so they equal lynx_stream.preview bit for bit), then
 one copy stages the buffer to pinned host memory. The gather from the paged cache is fused into
 the kernel where the backend reads per-token row offsets (Triton); otherwise a contiguous run
-of blocks is read in place and anything else is gathered first.
+of blocks is read in place and anything else is gathered first. Input no page can carry (NaN,
+Inf, a page range past float32) is refused without a pass of its own: the CPU kernel raises
+from its first pass; the Triton kernels flag it (ops/value_flags.py), the flags are staged with
+the bytes and ``EncodedLayer.wait()`` raises the ValueError naming the layer, head and tokens.
 
 Decode: the received frames of a layer are staged into one buffer (pinned, then one
 non-blocking copy where the cache is on a device; anchor-only pages get their stats expanded
@@ -31,7 +34,7 @@ from lynx_npu.codec.base import validate_kv
 from lynx_npu.codec.lynx_layout import SCALAR_DTYPE
 from lynx_npu.codec.lynx_stream import preview, preview_levels
 
-from . import backends
+from . import backends, value_flags
 from .api import _check_kv, _check_slots
 from .dest import Destination, dense, paged, scatter_tokens
 from .kv_layouts import ResolvedCache
@@ -77,6 +80,18 @@ def _levels_f16() -> np.ndarray:
 
 
 @dataclass
+class DeviceLayers:
+    """A request's layers compressed on the device in one launch, not yet staged to the host
+    (``compress_layers``; ``stage_layers`` makes their wire pages)."""
+
+    buffer: torch.Tensor          # the layers' wire buffers back to back, on the device
+    wire: LayerWire               # one layer's layout (layer i at i * wire.nbytes)
+    num_layers: int
+    backend: str
+    flags: torch.Tensor | None    # the kernels' record of bad input (ops/value_flags.py)
+
+
+@dataclass
 class StagedPages:
     """Received pages of one layer in one buffer on the destination device."""
 
@@ -118,20 +133,33 @@ class LynxSerde(PageSerde):
 
     # -- encode --------------------------------------------------------------------------------
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> EncodedLayer:
-        validate_kv(k, v)  # as encode_pages: named errors, finite values only
-        _check_kv(k, v)
+        if not isinstance(k, torch.Tensor) or k.device.type == "cpu":
+            validate_kv(k, v)  # as encode_pages: named errors, finite values only (host)
+        _check_kv(k, v)  # on a device the kernel flags what is not finite (no pass of its own)
         h, t, d = k.shape
         name, impl = self._select(k.device, h, d, k.dtype)
         if name not in PLAN_TABLE_BACKENDS:
-            return self._reference(k, v, name)
+            return self._reference(k, v, name)  # encode_pages validates
         lw = layer_wire(self.name, self.config, h, t, d, k.dtype)
-        return self.to_wire(self.compress(impl, k, v, lw), lw, name)
+        flags = self._new_flags(impl, k.device)
+        return self.to_wire(self.compress(impl, k, v, lw, flags=flags), lw, name, flags)
 
     def encode_cache(self, cache: ResolvedCache, slot_mapping: torch.Tensor) -> EncodedLayer:
-        buf, lw, name = self.compress_cache(cache, slot_mapping)
+        dev = cache.k.tensor.device
+        name, impl = self._select(dev, cache.num_kv_heads, cache.head_size, cache.dtype)
+        flags = self._new_flags(impl, dev) if name in PLAN_TABLE_BACKENDS else None
+        buf, lw, name = self.compress_cache(cache, slot_mapping, flags=flags)
         if lw is None:
             return buf  # the reference fallback made the pages already
-        return self.to_wire(buf, lw, name)
+        return self.to_wire(buf, lw, name, flags)
+
+    @staticmethod
+    def _new_flags(impl, device) -> torch.Tensor | None:
+        """A flags buffer (ops/value_flags.py) where the backend's compress writes one, else
+        None (the backend raises itself: the CPU kernel from its first pass)."""
+        if "flags" in inspect.signature(impl.compress).parameters:
+            return value_flags.new(device)
+        return None
 
     def _layered(self, impl, cache: PagedKVCache) -> bool:
         """Whether one launch can take every layer (the kernels read row / layer offsets)."""
@@ -141,20 +169,41 @@ class LynxSerde(PageSerde):
                 and cache.layer(0).k.s_block % 2 == 0)
 
     def encode_layers(self, cache: PagedKVCache, slot_mapping: torch.Tensor):
+        layers = self.compress_layers(cache, slot_mapping)
+        if layers is None:
+            yield from super().encode_layers(cache, slot_mapping)
+            return
+        yield from self.stage_layers(layers)
+
+    def compress_layers(self, cache: PagedKVCache, slot_mapping: torch.Tensor
+                        ) -> DeviceLayers | None:
+        """Every layer of a request in one launch per K / V, on the device (None where the
+        backend cannot: ``encode_layers`` then goes layer by layer)."""
         h, d, dtype = cache.num_kv_heads, cache.head_size, cache.dtype
         name, impl = self._select(cache.device, h, d, dtype)
         if name not in PLAN_TABLE_BACKENDS or not self._layered(impl, cache):
-            yield from super().encode_layers(cache, slot_mapping)
-            return
-        buf, lw = self.compress_request(impl, cache, slot_mapping)
-        staged = self._copier(buf.device).to_host(buf)
-        for i in range(cache.num_layers):
-            yield self._pages(staged.host.numpy(), i * lw.nbytes, lw, name, staged.wait)
+            return None
+        flags = self._new_flags(impl, cache.device)
+        buf, lw = self.compress_request(impl, cache, slot_mapping, flags=flags)
+        return DeviceLayers(buf, lw, cache.num_layers, name, flags)
+
+    def stage_layers(self, layers: DeviceLayers) -> list[EncodedLayer]:
+        """One copy of ``compress_layers``' buffer (and flags) to pinned host memory -> each
+        layer's pages; their ``wait()`` raises what the flags record, for the request."""
+        buf, lw, flags = layers.buffer, layers.wire, layers.flags
+        staged = self._copier(buf.device).to_host(buf, flags)
+        ready = self._ready(staged, flags, request_plan(lw, layers.num_layers, buf.device)[0],
+                            lw.num_tokens)
+        raw = staged.host.numpy()
+        return [self._pages(raw, i * lw.nbytes, lw, layers.backend, ready)
+                for i in range(layers.num_layers)]
 
     def compress_request(self, impl, cache: PagedKVCache, slot_mapping: torch.Tensor,
-                         out: torch.Tensor | None = None):
+                         out: torch.Tensor | None = None, flags: torch.Tensor | None = None):
         """Every layer in one launch per K / V -> (the layers' buffers back to back on the
-        device, the LayerWire of one layer)."""
+        device, the LayerWire of one layer). ``flags`` (value_flags.new): the kernels' record
+        of bad input, for the caller to read (``_ready``); without them the launch is checked
+        at once (a sync)."""
         rc0 = cache.layer(0)
         n = slot_mapping.numel()
         slots = _check_slots(slot_mapping, n, rc0)
@@ -168,6 +217,8 @@ class LynxSerde(PageSerde):
                                                       device=slots.device)
         kw = {"previews": (prev, preview_table(slots.device))} if prev is not None else {}
         align = row_align(rc0, *cache.layer_offsets[0], *cache.layer_offsets[1])
+        if flags is not None:
+            kw["flags"] = flags
         impl.compress(*bases, plan, out=(buf, buf), rows=request_rows(cache, slots),
                       row_align=align, **kw)
         for i in range(cache.num_layers):
@@ -175,9 +226,10 @@ class LynxSerde(PageSerde):
                 buf[i * lw.nbytes + off:i * lw.nbytes + off + size].zero_()
         return buf, lw
 
-    def compress_cache(self, cache: ResolvedCache, slot_mapping: torch.Tensor):
+    def compress_cache(self, cache: ResolvedCache, slot_mapping: torch.Tensor,
+                       flags: torch.Tensor | None = None):
         """-> (layer buffer on the cache's device, its LayerWire, backend); the bytes are on
-        the device only (``to_wire`` stages them)."""
+        the device only (``to_wire`` stages them, with ``flags``: see ``compress``)."""
         n = slot_mapping.numel() if isinstance(slot_mapping, torch.Tensor) else 0
         slots = _check_slots(slot_mapping, n, cache)
         if n == 0 or (slot_mapping.device.type == "cpu" and int(slot_mapping.min()) < 0):
@@ -191,20 +243,23 @@ class LynxSerde(PageSerde):
         lw = layer_wire(self.name, self.config, h, slots.numel(), d, dtype)
         run = dense_run(cache, slot_mapping) if slot_mapping.device.type == "cpu" else None
         if run is not None:
-            return self.compress(impl, *run, lw), lw, name
+            return self.compress(impl, *run, lw, flags=flags), lw, name
         if "rows" in inspect.signature(impl.compress).parameters and cache.k.s_block % 2 == 0:
             bases = [torch.as_strided(t.tensor, (h, cache.block_size, d),
                                       (t.s_head, t.s_token, t.s_dim),
                                       t.tensor.storage_offset() + t.offset)
                      for t in (cache.k, cache.v)]
             return self.compress(impl, *bases, lw, rows=row_offsets(cache, slots),
-                                 row_align=row_align(cache)), lw, name
-        return self.compress(impl, *read_tokens(cache, slots), lw), lw, name
+                                 row_align=row_align(cache), flags=flags), lw, name
+        return self.compress(impl, *read_tokens(cache, slots), lw, flags=flags), lw, name
 
     def compress(self, impl, k, v, lw: LayerWire, rows=None,
-                 out: torch.Tensor | None = None, row_align: int = 1) -> torch.Tensor:
+                 out: torch.Tensor | None = None, row_align: int = 1,
+                 flags: torch.Tensor | None = None) -> torch.Tensor:
         """Run the kernel into a layer buffer (``out``, reused, or a new one): every wire byte
-        is written (pads zeroed)."""
+        is written (pads zeroed). ``flags`` (value_flags.new, backends whose compress takes
+        them): written by the kernel, read by the caller (``to_wire``); without them such a
+        backend checks its launch at once (one sync) and raises."""
         buf = out if out is not None else torch.empty(lw.nbytes, dtype=torch.uint8,
                                                       device=k.device)
         if buf.dtype != torch.uint8 or buf.numel() != lw.nbytes or buf.device != k.device:
@@ -212,6 +267,8 @@ class LynxSerde(PageSerde):
                              f"{buf.numel()} {buf.dtype} on {buf.device}")
         params = inspect.signature(impl.compress).parameters
         kw = {} if rows is None else {"rows": rows, "row_align": row_align}
+        if flags is not None:
+            kw["flags"] = flags
         fused_previews = lw.preview_offsets is not None and "previews" in params
         if fused_previews:
             kw["previews"] = (lw.previews_on(k.device), preview_table(k.device))
@@ -222,9 +279,26 @@ class LynxSerde(PageSerde):
             _write_previews(buf, lw)
         return buf
 
-    def to_wire(self, buf: torch.Tensor, lw: LayerWire, backend: str) -> EncodedLayer:
-        staged = self._copier(buf.device).to_host(buf)
-        return self._pages(staged.host.numpy(), 0, lw, backend, staged.wait)
+    def to_wire(self, buf: torch.Tensor, lw: LayerWire, backend: str,
+                flags: torch.Tensor | None = None) -> EncodedLayer:
+        """Stage a layer buffer (and the kernel's ``flags``) to host memory -> its pages, whose
+        ``wait()`` raises the ValueError of what the flags record."""
+        staged = self._copier(buf.device).to_host(buf, flags)
+        return self._pages(staged.host.numpy(), 0, lw, backend,
+                           self._ready(staged, flags, lw.plan))
+
+    @staticmethod
+    def _ready(staged, flags, plan: LayerPlan, tokens_per_layer: int | None = None):
+        """The pages' ``wait``: the staged bytes, then the flags read (landed with them)."""
+        if flags is None:
+            return staged.wait
+
+        def ready():
+            staged.wait()
+            err = value_flags.error(staged.small, plan, tokens_per_layer)
+            if err is not None:
+                raise err
+        return ready
 
     @staticmethod
     def _pages(raw: np.ndarray, base: int, lw: LayerWire, backend: str, ready) -> EncodedLayer:

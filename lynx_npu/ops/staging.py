@@ -28,10 +28,11 @@ def host_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
 
 
 class Staged:
-    """Host bytes of one device-side copy, with the event that says they have landed."""
+    """Host bytes of one device-side copy, with the event that says they have landed
+    (``small``: a small tensor copied with them, e.g. a compress kernel's flags)."""
 
-    def __init__(self, host: torch.Tensor, event=None):
-        self.host, self._event = host, event
+    def __init__(self, host: torch.Tensor, event=None, small: torch.Tensor | None = None):
+        self.host, self._event, self.small = host, event, small
 
     def wait(self) -> torch.Tensor:
         if self._event is not None:
@@ -54,20 +55,27 @@ class DeviceCopier:
                 self._stream = _module(self.device).Stream(device=self.device)
             return self._stream
 
-    def to_host(self, src: torch.Tensor) -> Staged:
-        """Start copying ``src`` (uint8, on the device) to a fresh pinned buffer."""
+    def to_host(self, src: torch.Tensor, small: torch.Tensor | None = None) -> Staged:
+        """Start copying ``src`` (uint8, on the device), and ``small`` if given, to pinned
+        buffers."""
         if is_host(self.device):
-            return Staged(src)
+            return Staged(src, small=small)
         mod = _module(self.device)
         host = host_buffer(src.numel(), self.device)
+        small_host = None
+        if small is not None:
+            small_host = torch.empty(small.shape, dtype=small.dtype, pin_memory=True)
         side = self._side()
         side.wait_stream(mod.current_stream(self.device))  # after the kernels that wrote src
         with mod.stream(side):
+            if small is not None:
+                small_host.copy_(small, non_blocking=True)
+                small.record_stream(side)
             host.copy_(src, non_blocking=True)
             src.record_stream(side)
             event = mod.Event()
             event.record(side)
-        return Staged(host, event)
+        return Staged(host, event, small_host)
 
     def to_device(self, host: torch.Tensor) -> torch.Tensor:
         """Copy pinned ``host`` bytes to a new device buffer, ordered before later work on the
