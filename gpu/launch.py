@@ -34,7 +34,7 @@ MAX_PAGE = 1024
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
 TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True, "SMEM": None,
                        "maxnreg": None, "X_WORDS": None, "EVICT": None, "PACK_ASM": None,
-                       "POLY": None},
+                       "POLY": None, "HEADS_FAST": None},
           "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None}}
 
 
@@ -215,6 +215,18 @@ def _words(buf: torch.Tensor, bits: int):
     return buf.view(wd), True
 
 
+# Heads first in the compress grid of a paged cache (rows): the programs running together then
+# read every head of the same blocks (NHD: whole token rows) instead of one head of many.
+HEADS_FAST_PAGED = False
+
+
+def _heads_fast(paged: bool, num_programs: int) -> bool:
+    """Whether the compress grid puts heads first (TUNING overrides; grid dimension 1 holds at
+    most 65535 programs)."""
+    fast = TUNING["compress"]["HEADS_FAST"]
+    return (paged and HEADS_FAST_PAGED if fast is None else bool(fast)) and num_programs <= 65535
+
+
 def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=None,
              previews=None, row_align: int = 1, flags: torch.Tensor | None = None):
     """``rows`` (a paged cache, ops/lynx_serde.py): int64 [num_tokens] element offsets of each
@@ -267,7 +279,9 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
         blk = _blocks(cfg, plan.head_dim, which)
         search = searches[wi]
         poly = polys[wi] if TUNING["compress"]["POLY"] is not False else None
-        grid = (plan.num_pages * blk["num_dt"], plan.num_kv_heads)
+        programs = plan.num_pages * blk["num_dt"]
+        heads_fast = _heads_fast(rows is not None, programs)
+        grid = (plan.num_kv_heads, programs) if heads_fast else (programs, plan.num_kv_heads)
         lynx_compress_kernel[grid](
             x, *x.stride(), rows[wi] if rows is not None else dummy,
             previews[0] if previews is not None else dummy,
@@ -287,7 +301,7 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
             PACK_ASM=_pack_asm(x), POLY=poly is not None,
             C1=poly.c1 if poly else 0.0, C2=poly.c2 if poly else 0.0,
             PAGED=_pow2_floor(row_align) if rows is not None else 0,
-            PREVIEW=previews is not None,
+            PREVIEW=previews is not None, HEADS_FAST=heads_fast,
             num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
     if own_flags:
         _raise_flagged(flags.cpu(), plan, k, v, rows)

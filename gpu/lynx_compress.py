@@ -646,10 +646,16 @@ def lynx_compress_kernel(
         R_WORDS: tl.constexpr, SEC: tl.constexpr, SMEM: tl.constexpr, EVEN_D: tl.constexpr,
         X_WORDS: tl.constexpr, EVICT: tl.constexpr, PACK_ASM: tl.constexpr,
         POLY: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, TREE: tl.constexpr = True,
-        PAGED: tl.constexpr = 0, PREVIEW: tl.constexpr = False):
-    dt = tl.program_id(0) % NUM_DT  # channel strips vary fastest: neighbours share input rows
-    page = tl.program_id(0) // NUM_DT
-    h = tl.program_id(1)
+        PAGED: tl.constexpr = 0, PREVIEW: tl.constexpr = False,
+        HEADS_FAST: tl.constexpr = False):
+    if HEADS_FAST:  # a paged cache: the programs running together read whole token rows
+        h = tl.program_id(0)
+        pid = tl.program_id(1)
+    else:
+        pid = tl.program_id(0)
+        h = tl.program_id(1)
+    dt = pid % NUM_DT  # channel strips vary fastest: neighbours share input rows
+    page = pid // NUM_DT
     flag = NUM_PH - (page * H + h)  # > 0; the largest is the first (page, head) flagged
     row = plan_ptr + page * NF
     token0 = tl.load(row + F_TOKEN0).to(tl.int32)  # token counts fit int32; byte offsets stay int64

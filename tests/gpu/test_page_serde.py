@@ -59,3 +59,12 @@ def test_decode_one_stream_codec():
 @pytest.mark.parametrize("layout", ["vllm_flash_nhd", "vllm_ascend"])
 def test_every_layer_of_a_request_in_one_launch(layout):
     assert check_request("lynx", layout, DEVICE, "triton", **SHAPE, **SMALL) == "triton"
+
+
+@pytest.mark.parametrize("heads_fast", [True, False])
+def test_either_grid_order_gives_the_same_bytes(monkeypatch, heads_fast):
+    """Compress of a paged request with heads first or pages first in the grid (launch.py
+    ``HEADS_FAST``, the paged default chosen by measurement) writes the same bytes."""
+    from lynx_npu.gpu import launch
+    monkeypatch.setitem(launch.TUNING["compress"], "HEADS_FAST", heads_fast)
+    check_request("lynx", "vllm_flash_nhd", DEVICE, "triton", **SHAPE, **SMALL)
