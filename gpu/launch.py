@@ -12,6 +12,7 @@ import functools
 import math
 import os
 import sys
+import threading
 
 import torch
 import triton
@@ -217,7 +218,8 @@ def _words(buf: torch.Tensor, bits: int):
 
 # Heads first in the compress grid of a paged cache (rows): the programs running together then
 # read every head of the same blocks (NHD: whole token rows) instead of one head of many.
-HEADS_FAST_PAGED = False
+# (H100, 32 x [8, 16384, 128] bf16 NHD, random blocks: 2.09 vs 2.20 ms; docs/benchmarks.md)
+HEADS_FAST_PAGED = True
 
 
 def _heads_fast(paged: bool, num_programs: int) -> bool:
@@ -244,7 +246,7 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
     dev = _check_device(k, v)
     own_flags = flags is None
     if own_flags:
-        flags = value_flags.new(dev)
+        flags = _thread_flags(dev)
     elif flags.dtype != torch.int32 or tuple(flags.shape) != (2, 2) or flags.device != dev:
         raise ValueError(f"flags must be int32 [2, 2] on {dev}, got {flags.dtype} "
                          f"{tuple(flags.shape)} on {flags.device}")
@@ -262,7 +264,7 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
             raise ValueError(f"previews must be ([{plan.num_pages}, 2] offsets, [2, 65536] "
                              f"table), got {tuple(previews[0].shape)}, "
                              f"{tuple(previews[1].shape)}")
-    dummy = torch.empty(2, dtype=torch.int64, device=dev)
+    dummy = _dummy(dev)
     if out is None:
         anchor = torch.empty(plan.anchor_nbytes, dtype=torch.uint8, device=dev)
         residual = torch.empty(plan.residual_nbytes, dtype=torch.uint8, device=dev)
@@ -275,45 +277,74 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
     rw, r_words = _words(res_arg, cfg.residual_bits)
     searches, polys, search_entries = search_tables(cfg, dev)
     table = plan.on(dev)
-    for wi, (which, x) in enumerate((("k", k), ("v", v))):
-        blk = _blocks(cfg, plan.head_dim, which)
-        search = searches[wi]
-        poly = polys[wi] if TUNING["compress"]["POLY"] is not False else None
-        programs = plan.num_pages * blk["num_dt"]
-        heads_fast = _heads_fast(rows is not None, programs)
-        grid = (plan.num_kv_heads, programs) if heads_fast else (programs, plan.num_kv_heads)
-        lynx_compress_kernel[grid](
-            x, *x.stride(), rows[wi] if rows is not None else dummy,
-            previews[0] if previews is not None else dummy,
-            previews[1] if previews is not None else a8, a8, akv, a16, aw, res_arg, rw, table,
-            search_entries[wi], recip_table(dev), flags,
-            plan.num_kv_heads, plan.head_dim, blk["num_dt"], plan.num_pages * plan.num_kv_heads,
-            WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
-            CS=blk["CS"], GC=blk["GC"], TS=blk["TS"], GT=blk["GT"],
-            BS=_pow2(cfg.num_sink_tokens), ES=es,
-            A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits, BIAS=cfg.bias,
-            ALPHA=search.alpha, SCALE=search.scale, P0=search.p0, EPS=search.eps,
-            MIDRANGE=cfg.center == "midrange",
-            TREE=TUNING["compress"]["TREE"], A_WORDS=a_words,
-            R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),
-            EVEN_D=plan.head_dim % blk["BD"] == 0, X_WORDS=_x_words(x),
-            EVICT=TUNING["compress"]["EVICT"] is not False,
-            PACK_ASM=_pack_asm(x), POLY=poly is not None,
-            C1=poly.c1 if poly else 0.0, C2=poly.c2 if poly else 0.0,
-            PAGED=_pow2_floor(row_align) if rows is not None else 0,
-            PREVIEW=previews is not None, HEADS_FAST=heads_fast,
-            num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
+    try:
+        for wi, (which, x) in enumerate((("k", k), ("v", v))):
+            blk = _blocks(cfg, plan.head_dim, which)
+            search = searches[wi]
+            poly = polys[wi] if TUNING["compress"]["POLY"] is not False else None
+            programs = plan.num_pages * blk["num_dt"]
+            heads_fast = _heads_fast(rows is not None, programs)
+            grid = (plan.num_kv_heads, programs) if heads_fast else (programs, plan.num_kv_heads)
+            lynx_compress_kernel[grid](
+                x, *x.stride(), rows[wi] if rows is not None else dummy,
+                previews[0] if previews is not None else dummy,
+                previews[1] if previews is not None else a8, a8, akv, a16, aw, res_arg, rw, table,
+                search_entries[wi], recip_table(dev), flags,
+                plan.num_kv_heads, plan.head_dim, blk["num_dt"], plan.num_pages * plan.num_kv_heads,
+                WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
+                CS=blk["CS"], GC=blk["GC"], TS=blk["TS"], GT=blk["GT"],
+                BS=_pow2(cfg.num_sink_tokens), ES=es,
+                A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits, BIAS=cfg.bias,
+                ALPHA=search.alpha, SCALE=search.scale, P0=search.p0, EPS=search.eps,
+                MIDRANGE=cfg.center == "midrange",
+                TREE=TUNING["compress"]["TREE"], A_WORDS=a_words,
+                R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),
+                EVEN_D=plan.head_dim % blk["BD"] == 0, X_WORDS=_x_words(x),
+                EVICT=TUNING["compress"]["EVICT"] is not False,
+                PACK_ASM=_pack_asm(x), POLY=poly is not None,
+                C1=poly.c1 if poly else 0.0, C2=poly.c2 if poly else 0.0,
+                PAGED=_pow2_floor(row_align) if rows is not None else 0,
+                PREVIEW=previews is not None, HEADS_FAST=heads_fast,
+                num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
+    except BaseException:
+        if own_flags:  # a partial launch may have flagged: this thread's next call starts clean
+            flags.zero_()
+        raise
     if own_flags:
-        _raise_flagged(flags.cpu(), plan, k, v, rows)
+        _raise_flagged(flags.cpu(), plan, k, v, rows, dev)
     return anchor, residual
 
 
-def _raise_flagged(flags: torch.Tensor, plan: LayerPlan, k, v, rows) -> None:
+_LOCAL = threading.local()
+_DUMMIES: dict[str, torch.Tensor] = {}
+
+
+def _thread_flags(device) -> torch.Tensor:
+    """This thread's flags buffer for ``compress`` calls that read their own: each call reads
+    it before returning, and only a refusal leaves it nonzero (``_raise_flagged`` clears it),
+    so the next call of the thread takes it as it is: no allocation or memset per call."""
+    cache = _LOCAL.__dict__.setdefault("flags", {})
+    key = str(device)
+    if key not in cache:
+        cache[key] = value_flags.new(device)
+    return cache[key]
+
+
+def _dummy(device) -> torch.Tensor:
+    """A valid pointer for the kernel arguments a launch does not use (never read or written)."""
+    key = str(device)
+    if key not in _DUMMIES:
+        _DUMMIES[key] = torch.zeros(2, dtype=torch.int64, device=device)
+    return _DUMMIES[key]
+
+
+def _raise_flagged(flags: torch.Tensor, plan: LayerPlan, k, v, rows, device) -> None:
     """Raise what the kernels flagged: the reference's message, naming the first bad value's
     index, where k and v are the layer itself (a pass over them on this error path only)."""
     err = value_flags.error(flags, plan)
     if err is None:
         return
+    _thread_flags(device).zero_()
     if rows is None:
         from lynx_npu.ops.api import check_values
         check_values(k, v)  # raises, naming the value

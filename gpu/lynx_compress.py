@@ -244,12 +244,14 @@ def _row(s_t, rows_ptr, tok, PAGED: tl.constexpr):
 
 
 @triton.jit
-def _preview(v, ptab_ptr, ROW: tl.constexpr):
+def _preview(v, ptab_ptr, ROW: tl.constexpr, mask):
     """The scalar-preview byte of float16 statistics ``v`` (ROW 0: mu, 1: sigma): a lookup by
     bit pattern in the 64K-entry table made by lynx_stream.preview itself, so every preview
-    byte equals the reference's."""
+    byte equals the reference's. Only where ``mask`` (the stores'): on the token axis every
+    row holds its chunk's statistics, one in GC stores them, and an unmasked lookup per row
+    doubled the load instructions of a step."""
     bits = v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    return tl.load(ptab_ptr + ROW * 65536 + bits)
+    return tl.load(ptab_ptr + ROW * 65536 + bits, mask=mask, other=0)
 
 
 @triton.jit
@@ -507,8 +509,8 @@ def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin,
     tl.store(stats + sidx, mu, mask=smask)
     tl.store(stats + H * nct * D + sidx, sigma, mask=smask)
     if PREVIEW:
-        tl.store(prev + sidx, _preview(mu, ptab_ptr, 0), mask=smask)
-        tl.store(prev + H * nct * D + sidx, _preview(sigma, ptab_ptr, 1), mask=smask)
+        tl.store(prev + sidx, _preview(mu, ptab_ptr, 0, smask), mask=smask)
+        tl.store(prev + H * nct * D + sidx, _preview(sigma, ptab_ptr, 1, smask), mask=smask)
     isg = _sigma_recip(sigma, recip_ptr, True)
     mu_c = tl.expand_dims(_code_centre(mu, isg, lo_n), 0)
     # each step's rows are loaded a step ahead (the re-read mostly comes from L2: its latency
@@ -611,8 +613,9 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
         tl.store(stats + srow, mu_r, mask=smask)
         tl.store(stats + H * tp * ncd + srow, sigma_r, mask=smask)
         if PREVIEW:
-            tl.store(prev + srow, _preview(mu_r, ptab_ptr, 0), mask=smask)
-            tl.store(prev + H * tp * ncd + srow, _preview(sigma_r, ptab_ptr, 1), mask=smask)
+            tl.store(prev + srow, _preview(mu_r, ptab_ptr, 0, smask), mask=smask)
+            tl.store(prev + H * tp * ncd + srow, _preview(sigma_r, ptab_ptr, 1, smask),
+                     mask=smask)
         isg = _sigma_recip(sigma, recip_ptr, False)
         mu_c = _code_centre(mu, isg, lo)
         _encode_rows(xn, mu_c[None, :, :, None, None], isg[None, :, :, None, None],

@@ -79,6 +79,7 @@ def test_the_kernel_flags_non_finite_values_and_where(v_axis, bad):
                 (which, spot)
     with pytest.raises(ValueError, match=r"v contains NaN or Inf \(first at index \(1, 149, 31\)"):
         ops.compress(kk.to(DEVICE), vv.to(DEVICE), cfg, backend="triton")
+    ops.compress(k.to(DEVICE), v.to(DEVICE), cfg, backend="triton")  # no stale flag after it
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
