@@ -1,4 +1,4 @@
-"""lynx_npu.wire: versioned frames for the anchor and residual streams (frame format v2), and
+"""lynx_npu.wire: versioned frames for the anchor and residual streams (frame format v3), and
 the compatibility description peers exchange when they meet (payload format, codec parameters).
 
 See frame.py for the byte layout, compat.py for the description. Decoding raises only WireError
@@ -12,4 +12,5 @@ from .frame import (DATA_KINDS, DTYPE_CODES, DTYPES, HEADER_SIZE, MAGIC, NONCE_B
                     VERSION, BufferReader, Frame, Kind, decode_frame, encode_frame,
                     frame_nbytes, max_data_payload, pack_header, params_from_json,
                     params_to_json, read_frame)
-from .limits import DEFAULT_LIMITS, WireLimits  # noqa: F401
+from .limits import (DEFAULT_LIMITS, ReceiveLimits, WireLimits,  # noqa: F401
+                     request_kv_bytes)

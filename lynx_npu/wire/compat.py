@@ -6,7 +6,17 @@ A HELLO frame carries the description after its 32-byte nonce, as canonical JSON
 no spaces, ASCII), e.g. for a sender that will send the default split Lynx codec:
 
     {"codecs":[["lynx",{"alpha_k":0.25,"alpha_v":0.5,...,"payload_format":2,...}]],
+     "payload_format":2,"session":"9f2c...(32 hex digits)"}
+
+and for a receiver, its limits instead of a session (frame format 3):
+
+    {"codecs":[],"limits":{"max_head_dim":1024,...,"max_request_bytes":8589934592,...},
      "payload_format":2}
+
+A sender's session is random and the same on all its connections: the receiver binds every
+request id to the session (and peer address) that sent its first frame, and refuses frames of
+it from any other. A receiver's limits (wire/limits.py ReceiveLimits) let the sender refuse a
+request the receiver would refuse before sending any of it.
 
 Each codec is its registry name and exactly the parameters its frames carry
 (codec.registry.wire_params). Full parameter sets rather than a hash of them (vLLM's NIXL
@@ -20,6 +30,8 @@ declared codec. The receiver judges (``Compat.refusal``):
 3. a receiver that declares codecs accepts only those: the sender must declare at least one,
    and each with exactly the parameters of one the receiver declared.
 
+The handshake also requires a sender to name a session (transport/connection.py).
+
 A receiver that declares none accepts any codec it can build. A sender that declares codecs
 sends no other (``check_declared``); one that declares none may send any codec, and frames
 are then checked one request at a time (codec_from_wire).
@@ -27,13 +39,15 @@ are then checked one request at a time (codec_from_wire).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from ..codec.registry import CODEC_IDS, FORMAT_KEY, PAYLOAD_FORMAT, codec_from_params, wire_params
 from .frame import params_to_json
-from .limits import DEFAULT_LIMITS
+from .limits import DEFAULT_LIMITS, ReceiveLimits
 
-_CODECS_KEY = "codecs"
+_CODECS_KEY, _SESSION_KEY, _LIMITS_KEY = "codecs", "session", "limits"
+_SESSION = re.compile(r"[0-9a-f]{32}")  # 128 random bits, lower-case hex
 
 
 @dataclass(frozen=True)
@@ -67,20 +81,28 @@ class Compat:
 
     payload_format: int = PAYLOAD_FORMAT
     codecs: tuple[CodecSpec, ...] = ()
+    session: str = ""                    # a sender's session id; "" for a receiver
+    limits: ReceiveLimits | None = None  # a receiver's limits; None for a sender
 
     def __post_init__(self):
         if type(self.payload_format) is not int or self.payload_format < 1:
             raise ValueError(f"payload_format={self.payload_format!r} must be a positive int")
         if not all(isinstance(c, CodecSpec) for c in self.codecs):
             raise ValueError("codecs must be CodecSpecs (use Compat.of(codecs))")
+        if self.session and not (isinstance(self.session, str)
+                                 and _SESSION.fullmatch(self.session)):
+            raise ValueError(f"session={self.session!r:.80} must be 32 lower-case hex digits")
+        if self.limits is not None and not isinstance(self.limits, ReceiveLimits):
+            raise ValueError(f"limits={self.limits!r:.80} must be ReceiveLimits or None")
         object.__setattr__(self, "codecs", tuple(dict.fromkeys(self.codecs)))  # no repeats
 
     @classmethod
-    def of(cls, codecs=()) -> "Compat":
+    def of(cls, codecs=(), *, session: str = "",
+           limits: ReceiveLimits | None = None) -> "Compat":
         """This build's description declaring ``codecs`` (codecs from ``get_codec`` or
         CodecSpecs); raises ValueError if one is not a registered codec or the description
         would not fit a HELLO frame."""
-        compat = cls(PAYLOAD_FORMAT, tuple(CodecSpec.of(c) for c in codecs))
+        compat = cls(PAYLOAD_FORMAT, tuple(CodecSpec.of(c) for c in codecs), session, limits)
         size = len(compat.to_json())
         if size > DEFAULT_LIMITS.max_compat_bytes:
             raise ValueError(f"the compatibility description of {len(compat.codecs)} codecs is "
@@ -89,8 +111,13 @@ class Compat:
         return compat
 
     def to_json(self) -> bytes:
-        return params_to_json({FORMAT_KEY: self.payload_format,
-                               _CODECS_KEY: [[c.name, c.params_dict()] for c in self.codecs]})
+        obj = {FORMAT_KEY: self.payload_format,
+               _CODECS_KEY: [[c.name, c.params_dict()] for c in self.codecs]}
+        if self.session:
+            obj[_SESSION_KEY] = self.session
+        if self.limits is not None:
+            obj[_LIMITS_KEY] = self.limits.to_dict()
+        return params_to_json(obj)
 
     @classmethod
     def from_json(cls, raw: bytes) -> "Compat":
@@ -111,7 +138,7 @@ class Compat:
                              f"positive int")
         if fmt != PAYLOAD_FORMAT:
             return cls(fmt)
-        unknown = sorted(set(obj) - {FORMAT_KEY, _CODECS_KEY})
+        unknown = sorted(set(obj) - {FORMAT_KEY, _CODECS_KEY, _SESSION_KEY, _LIMITS_KEY})
         if unknown:
             raise ValueError(f"compatibility description has unknown key(s) {unknown}")
         if _CODECS_KEY not in obj:
@@ -130,7 +157,16 @@ class Compat:
                     raise ValueError(f"compatibility description: codec {name!r} parameter "
                                      f"{key!r} must be a scalar, got {type(value).__name__}")
             specs.append(CodecSpec(name, params_to_json(params)))
-        return cls(fmt, tuple(specs))
+        session = obj.get(_SESSION_KEY, "")
+        if not isinstance(session, str) or (session and not _SESSION.fullmatch(session)):
+            raise ValueError(f"compatibility description: {_SESSION_KEY}={session!r:.80} must "
+                             f"be 32 lower-case hex digits")
+        try:
+            limits = (ReceiveLimits.from_dict(obj[_LIMITS_KEY]) if _LIMITS_KEY in obj
+                      else None)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"compatibility description: {e}") from None
+        return cls(fmt, tuple(specs), session, limits)
 
     def check_declared(self, codec) -> None:
         """A sender sends only codecs it declared (when it declared any): ValueError if not."""

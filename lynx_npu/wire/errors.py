@@ -17,6 +17,8 @@ class FrameFieldError(WireError):
     def __init__(self, field: str, message: str):
         super().__init__(f"frame field {field!r}: {message}")
         self.field = field
+        self.header = None   # the frame's (CRC-verified) header, when the field check ran
+        self.payload_len = 0  # after it: the payload the peer will still send
 
 
 class UnsupportedVersionError(FrameFieldError):

@@ -1,8 +1,8 @@
-"""Frame format v2: a fixed 58-byte little-endian header, the codec parameters, the payload.
+"""Frame format v3: a fixed 58-byte little-endian header, the codec parameters, the payload.
 
     offset size field          meaning
     0      4    magic          b"LYNX"
-    4      1    version        2
+    4      1    version        3
     5      1    kind           Kind (ANCHOR / RESIDUAL data; HELLO AUTH AUTH_OK ACK NACK ERROR)
     6      2    flags          0 (reserved)
     8      8    request_id     u64, chosen by the sender
@@ -29,15 +29,19 @@
                                HELLO: a 32-byte nonce, then the peer's compatibility
                                description (wire/compat.py)
 
-Version 2 (from 1): HELLO carries the compatibility description after its nonce, ERROR may
-name the refused handshake frame in ref_kind, and data frames' parameters carry
-"payload_format" and every parameter (codec/registry.py). The header layout is unchanged.
+Version 3 (from 2): the compatibility description a HELLO carries names the sender's session
+(a sender) or the receiver's limits (a receiver); see wire/compat.py. Version 2 (from 1):
+HELLO carries the compatibility description after its nonce, ERROR may name the refused
+handshake frame in ref_kind, and data frames' parameters carry "payload_format" and every
+parameter (codec/registry.py). The header layout is the same in all three.
 
 Two CRCs instead of one so that a corrupt payload (header intact: NACK, re-request that frame)
 is told apart from a corrupt header (lengths cannot be trusted: drop the connection); the
 header CRC covers payload_crc, so together they cover header + payload. Fields a kind does not
-use are sent as 0 (ref_kind is checked, the others ignored). Nothing here unpickles; every length is checked against
-WireLimits before the bytes it announces are read.
+use are sent as 0 (ref_kind is checked, the others ignored). Nothing here unpickles; every
+length is checked against WireLimits before the bytes it announces are read. A field error
+found after the header CRC checked out carries that header (FrameFieldError.header), so the
+receiver can refuse that request by id and skip its payload instead of dropping the link.
 """
 from __future__ import annotations
 
@@ -54,10 +58,10 @@ from ..codec.registry import CODEC_IDS
 from .crc import crc32c
 from .errors import (ChecksumError, FrameFieldError, TruncatedFrameError, UnknownCodecError,
                      UnsupportedVersionError, WireError)
-from .limits import DEFAULT_LIMITS, WireLimits
+from .limits import DEFAULT_LIMITS, WireLimits, max_data_payload
 
 MAGIC = b"LYNX"
-VERSION = 2
+VERSION = 3
 HEADER = struct.Struct("<4sBBHQHHIIIIHBBHHHIII")
 HEADER_SIZE = HEADER.size  # 58
 _CRC_COVERED = HEADER_SIZE - 4
@@ -175,13 +179,6 @@ def encode_frame(frame: Frame) -> bytes:
     return pack_header(frame) + bytes(frame.payload)
 
 
-def max_data_payload(token_count: int, num_kv_heads: int, head_dim: int) -> int:
-    """Largest payload a page may declare: K and V in float32 plus 64 KiB of scalars. Any
-    codec's page is smaller (bf16 passthrough is half of it), so a peer cannot make a short
-    page allocate a large buffer."""
-    return 2 * token_count * num_kv_heads * head_dim * 4 + (64 << 10)
-
-
 ReadExact = Callable[[int], "bytes | bytearray | memoryview"]
 
 
@@ -200,8 +197,8 @@ def read_frame(read_exact: ReadExact, limits: WireLimits = DEFAULT_LIMITS) -> Fr
         raise UnsupportedVersionError("version", f"format version {version} is not supported "
                                                  f"(this decoder reads version {VERSION})")
     if params_len > limits.max_params_bytes:
-        raise FrameFieldError("params_len", f"{params_len} exceeds the limit of "
-                                            f"{limits.max_params_bytes} bytes")
+        raise FrameFieldError("params_len", f"{params_len} exceeds "
+                                            f"max_params_bytes={limits.max_params_bytes}")
     params = bytes(read_exact(params_len)) if params_len else b""
     actual = crc32c(params, crc32c(fixed[:_CRC_COVERED]))
     if actual != header_crc:
@@ -214,7 +211,11 @@ def read_frame(read_exact: ReadExact, limits: WireLimits = DEFAULT_LIMITS) -> Fr
         raise FrameFieldError("kind", f"unknown frame kind {kind}") from None
     frame = Frame(kind, request_id, layer, num_layers, page, token_start, token_end, num_tokens,
                   codec_id, dtype, ref_kind, num_kv_heads, head_dim, params)
-    _check_fields(frame, params_len, payload_len, limits)
+    try:
+        _check_fields(frame, params_len, payload_len, limits)
+    except FrameFieldError as e:  # the header is intact: its request can be refused by id
+        e.header, e.payload_len = frame, payload_len
+        raise
     payload = read_exact(payload_len) if payload_len else b""
     actual = crc32c(payload)
     if actual != payload_crc:
@@ -239,27 +240,32 @@ def _check_fields(f: Frame, params_len: int, payload_len: int, limits: WireLimit
         if f.dtype not in DTYPES:
             raise bad("dtype", f"unknown dtype code {f.dtype}; known: {sorted(DTYPES)}")
         if not 1 <= f.num_layers <= limits.max_layers:
-            raise bad("num_layers", f"{f.num_layers} must be in [1, {limits.max_layers}]")
+            raise bad("num_layers", f"{f.num_layers} must be in [1, "
+                                    f"max_layers={limits.max_layers}]")
         if f.layer >= f.num_layers:
             raise bad("layer", f"{f.layer} must be < num_layers={f.num_layers}")
         if not 1 <= f.num_tokens <= limits.max_tokens:
-            raise bad("num_tokens", f"{f.num_tokens} must be in [1, {limits.max_tokens}]")
+            raise bad("num_tokens", f"{f.num_tokens} must be in [1, "
+                                    f"max_tokens={limits.max_tokens}]")
         if not f.token_start < f.token_end <= f.num_tokens:
             raise bad("token_end", f"token range [{f.token_start}, {f.token_end}) must be "
                                    f"non-empty and within num_tokens={f.num_tokens}")
         if f.page > f.token_start:  # every page holds >= 1 token, so page i starts at >= i
             raise bad("page", f"page {f.page} cannot start at token {f.token_start}")
         if not 1 <= f.num_kv_heads <= limits.max_kv_heads:
-            raise bad("num_kv_heads", f"{f.num_kv_heads} must be in [1, {limits.max_kv_heads}]")
+            raise bad("num_kv_heads", f"{f.num_kv_heads} must be in [1, "
+                                      f"max_kv_heads={limits.max_kv_heads}]")
         if not 1 <= f.head_dim <= limits.max_head_dim:
-            raise bad("head_dim", f"{f.head_dim} must be in [1, {limits.max_head_dim}]")
+            raise bad("head_dim", f"{f.head_dim} must be in [1, "
+                                  f"max_head_dim={limits.max_head_dim}]")
         if f.ref_kind != 0:
             raise bad("ref_kind", f"must be 0 on a data frame, got {f.ref_kind}")
         _check_params(f.params)
         cap = min(limits.max_payload_bytes,
                   max_data_payload(f.token_end - f.token_start, f.num_kv_heads, f.head_dim))
         if not 1 <= payload_len <= cap:
-            raise bad("payload_len", f"{payload_len} must be in [1, {cap}] for this page")
+            raise bad("payload_len", f"{payload_len} must be in [1, {cap}] for this page "
+                                     f"(max_payload_bytes={limits.max_payload_bytes})")
         return
     if params_len:
         raise bad("params_len", f"must be 0 on a {f.kind.name} frame, got {params_len}")

@@ -79,7 +79,7 @@ def test_unsupported_version_gets_an_error_naming_the_field():
         conn = FrameSocket(sock, DEFAULT_LIMITS)
         client_handshake(conn, None)
         raw = bytearray(encode_frame(Frame(Kind.ACK, 1, ref_kind=1)))
-        raw[4] = 3  # a future version
+        raw[4] = 4  # a future version
         sock.sendall(raw)
         reply = conn.read()
         conn.close()

@@ -1,12 +1,12 @@
-"""The frames frozen as frame format v2 golden bytes (tests/wire/golden/*.bin).
+"""The frames frozen as frame format v3 golden bytes (tests/wire/golden/*.bin).
 
 Parameters are literal dicts, not codec.params(): these fixtures freeze the frame format and
 must not move when a codec's defaults do (golden_payloads.py freezes real codec output).
 They are still complete payload-format-2 parameter sets (test_golden checks that they build).
-Regenerate only for a new frame format version. golden/v1_hello.bin is the first frame a
-format-1 peer sends, kept to check that it is refused by name.
+Regenerate only for a new frame format version. golden/v1_hello.bin and v2_hello.bin are the
+first frames a format-1 and a format-2 peer send, kept to check that they are refused by name.
 """
-from lynx_npu.wire import CodecSpec, Compat, Frame, Kind, params_to_json
+from lynx_npu.wire import CodecSpec, Compat, Frame, Kind, ReceiveLimits, params_to_json
 
 LYNX_PARAMS = {"alpha_k": 3.0, "alpha_v": 3.0, "anchor_bits": 4, "center": "midrange",
                "chunk_size": 32, "k_axis": "channel", "num_sink_tokens": 4, "page_size": 256,
@@ -14,7 +14,11 @@ LYNX_PARAMS = {"alpha_k": 3.0, "alpha_v": 3.0, "anchor_bits": 4, "center": "midr
 INT8_PARAMS = {"page_size": 256, "payload_format": 2}
 RID = 0x0123456789ABCDEF
 SENDER = Compat(2, (CodecSpec("lynx", params_to_json(LYNX_PARAMS)),
-                    CodecSpec("int8", params_to_json(INT8_PARAMS))))
+                    CodecSpec("int8", params_to_json(INT8_PARAMS))),
+                session="00112233445566778899aabbccddeeff")
+RECEIVER = Compat(2, limits=ReceiveLimits(
+    max_request_bytes=8 << 30, max_payload_bytes=64 << 20, max_params_bytes=1024,
+    max_layers=4096, max_tokens=1 << 22, max_kv_heads=1024, max_head_dim=1024))
 
 
 def _payload(n: int, mult: int) -> bytes:
@@ -35,7 +39,7 @@ FRAMES: dict[str, Frame] = {
                               head_dim=4, params=params_to_json(INT8_PARAMS),
                               payload=_payload(72, 3)),
     "hello_sender": Frame(Kind.HELLO, payload=bytes(range(32)) + SENDER.to_json()),
-    "hello_receiver": Frame(Kind.HELLO, payload=bytes(range(32, 64)) + Compat(2).to_json()),
+    "hello_receiver": Frame(Kind.HELLO, payload=bytes(range(32, 64)) + RECEIVER.to_json()),
     "auth_hmac": Frame(Kind.AUTH, payload=bytes(range(100, 132))),
     "auth_ok_empty": Frame(Kind.AUTH_OK),
     "ack": Frame(Kind.ACK, RID, layer=3, page=2, ref_kind=Kind.ANCHOR),

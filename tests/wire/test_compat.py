@@ -5,7 +5,7 @@ import pytest
 import lynx_npu
 from lynx_npu.codec import PAYLOAD_FORMAT
 from lynx_npu.codec.lynx import LynxCodec
-from lynx_npu.wire import CodecSpec, Compat, params_to_json
+from lynx_npu.wire import CodecSpec, Compat, ReceiveLimits, params_to_json
 
 LYNX = lynx_npu.get_codec("lynx")
 PAPER = lynx_npu.get_codec("lynx", preset="paper")
@@ -92,3 +92,48 @@ def test_a_sender_sends_only_what_it_declared():
     declared.check_declared(lynx_npu.get_codec("lynx"))  # equal parameters: the same codec
     with pytest.raises(ValueError, match=r"codec lynx \{.*\"alpha_k\":255.0.* was not declared"):
         declared.check_declared(PAPER)
+
+
+LIMITS = ReceiveLimits(max_request_bytes=1 << 30, max_payload_bytes=1 << 20,
+                       max_params_bytes=1024, max_layers=64, max_tokens=1 << 16,
+                       max_kv_heads=32, max_head_dim=256)
+
+
+def test_a_sender_names_its_session_and_a_receiver_its_limits():
+    sender = Compat.of([INT8], session="0123456789abcdef" * 2)
+    receiver = Compat.of([], limits=LIMITS)
+    for compat in (sender, receiver):
+        assert Compat.from_json(compat.to_json()) == compat
+    assert sender.to_json().endswith(b'"session":"' + b"0123456789abcdef" * 2 + b'"}')
+    assert b'"limits":{"max_head_dim":256,' in receiver.to_json()
+
+
+@pytest.mark.parametrize("raw,match", [
+    (b'{"codecs":[],"payload_format":2,"session":"ABC"}', "session='ABC' must be 32"),
+    (b'{"codecs":[],"payload_format":2,"session":1}', "session=1 must be 32"),
+    (b'{"codecs":[],"limits":{"max_layers":1},"payload_format":2}', "limits must be an object"),
+    (b'{"codecs":[],"limits":[],"payload_format":2}', "limits must be an object"),
+])
+def test_malformed_sessions_and_limits_are_named(raw, match):
+    with pytest.raises(ValueError, match=match):
+        Compat.from_json(raw)
+
+
+def test_receive_limits_say_what_would_be_refused():
+    assert LIMITS.request_refusal(2, 100, 4, 64, 2, 100) is None
+    assert LIMITS.request_refusal(65, 100, 4, 64, 2, 100) == (
+        "num_layers=65 exceeds the receiver's max_layers=64")
+    assert LIMITS.request_refusal(2, 100, 4, 300, 2, 100) == (
+        "head_dim=300 exceeds the receiver's max_head_dim=256")
+    assert "max_params_bytes=1024" in LIMITS.request_refusal(2, 100, 4, 64, 2, 2000)
+    assert LIMITS.request_refusal(64, 1 << 16, 32, 256, 2, 10) == (
+        "request KV of 137438953472 bytes exceeds the receiver's max_request_bytes=1073741824")
+    assert LIMITS.page_refusal(256, 8, 64, 1 << 20) is None  # the shape allows 1.06 MiB
+    assert "bound of 589824 " in LIMITS.page_refusal(256, 4, 64, 1 << 20)  # this one less
+    assert LIMITS.page_refusal(256, 8, 64, (1 << 20) + 1) == (
+        "a page payload of 1048577 bytes exceeds the receiver's bound of 1048576 "
+        "(max_payload_bytes=1048576)")
+    with pytest.raises(ValueError, match="max_layers=0 must be a positive int"):
+        ReceiveLimits.from_dict({**LIMITS.to_dict(), "max_layers": 0})
+    with pytest.raises(ValueError, match="max_tokens=True must be a positive int"):
+        ReceiveLimits.from_dict({**LIMITS.to_dict(), "max_tokens": True})

@@ -44,7 +44,8 @@ def test_round_trip_real_codec_page():
 
 @pytest.mark.parametrize("offset,fmt,value,field,exc", [
     (0, "4s", b"LYNY", "magic", FrameFieldError),
-    (4, "B", 3, "version", UnsupportedVersionError),
+    (4, "B", 4, "version", UnsupportedVersionError),
+    (4, "B", 2, "version", UnsupportedVersionError),
     (4, "B", 1, "version", UnsupportedVersionError),
     (5, "B", 3, "kind", FrameFieldError),
     (6, "H", 1, "flags", FrameFieldError),

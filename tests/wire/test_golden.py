@@ -1,4 +1,4 @@
-"""Frame format v2 is frozen: today's encoder must produce the golden bytes, the decoder must
+"""Frame format v3 is frozen: today's encoder must produce the golden bytes, the decoder must
 read them back to the same frames. A failure here means the frame format changed (bump
 VERSION and regenerate with tests/wire/make_golden.py --force)."""
 import pathlib
@@ -9,7 +9,7 @@ from lynx_npu.codec import codec_from_wire
 from lynx_npu.wire import (HEADER_SIZE, NONCE_BYTES, Compat, UnsupportedVersionError,
                            decode_frame, encode_frame)
 
-from .golden_frames import FRAMES, INT8_PARAMS, LYNX_PARAMS, SENDER
+from .golden_frames import FRAMES, INT8_PARAMS, LYNX_PARAMS, RECEIVER, SENDER
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 
@@ -31,7 +31,7 @@ def test_header_layout_by_hand():
     """Spot-check offsets against the table in frame.py, independently of the struct."""
     raw = (GOLDEN / "anchor_lynx.bin").read_bytes()
     le = lambda a, b: int.from_bytes(raw[a:b], "little")  # noqa: E731
-    assert raw[:4] == b"LYNX" and raw[4] == 2 and raw[5] == 1  # magic, version, ANCHOR
+    assert raw[:4] == b"LYNX" and raw[4] == 3 and raw[5] == 1  # magic, version, ANCHOR
     assert le(8, 16) == 0x0123456789ABCDEF
     assert (le(16, 18), le(18, 20), le(20, 24)) == (3, 30, 2)          # layer, layers, page
     assert (le(24, 28), le(28, 32), le(32, 36)) == (516, 772, 8192)   # token range, total
@@ -50,6 +50,13 @@ def test_hello_and_error_layout_by_hand():
     assert payload[:NONCE_BYTES] == bytes(range(32))
     assert Compat.from_json(payload[NONCE_BYTES:]) == SENDER
     assert payload[NONCE_BYTES:].startswith(b'{"codecs":[["lynx",{"alpha_k":3.0,')
+    assert payload.endswith(b'"payload_format":2,"session":"00112233445566778899aabbccddeeff"}')
+    payload = (GOLDEN / "hello_receiver.bin").read_bytes()[HEADER_SIZE:]
+    assert Compat.from_json(payload[NONCE_BYTES:]) == RECEIVER
+    assert payload[NONCE_BYTES:] == (
+        b'{"codecs":[],"limits":{"max_head_dim":1024,"max_kv_heads":1024,"max_layers":4096,'
+        b'"max_params_bytes":1024,"max_payload_bytes":67108864,"max_request_bytes":8589934592,'
+        b'"max_tokens":4194304},"payload_format":2}')
     raw = (GOLDEN / "error_incompatible.bin").read_bytes()
     assert (raw[5], raw[39]) == (48, 16)  # ERROR, ref_kind HELLO: refused as incompatible
 
@@ -59,11 +66,13 @@ def test_literal_parameters_are_complete_payload_format_2_sets():
     assert codec_from_wire(2, INT8_PARAMS).params() == {"page_size": 256}
 
 
-def test_a_format_1_peer_is_refused_by_version():
-    """The first frame a format-1 peer sends (kept from before the bump) is refused, naming
-    both versions, before anything else of it is read."""
-    raw = (GOLDEN / "v1_hello.bin").read_bytes()
-    assert raw[4] == 1
-    with pytest.raises(UnsupportedVersionError, match="format version 1 is not supported "
-                                                      r"\(this decoder reads version 2\)"):
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_peer_is_refused_by_version(version):
+    """The first frame a format-1 or format-2 peer sends (kept from before each bump) is
+    refused, naming both versions, before anything else of it is read."""
+    raw = (GOLDEN / f"v{version}_hello.bin").read_bytes()
+    assert raw[4] == version
+    with pytest.raises(UnsupportedVersionError, match=f"format version {version} is not "
+                                                      r"supported \(this decoder reads "
+                                                      r"version 3\)"):
         decode_frame(raw)
