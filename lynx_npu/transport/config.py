@@ -5,7 +5,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from ..wire import DEFAULT_LIMITS, CodecSpec, Compat, WireLimits
+from ..wire import DEFAULT_LIMITS, CodecSpec, Compat, ReceiveLimits, WireLimits
 
 LOOPBACK = "127.0.0.1"
 
@@ -46,7 +46,9 @@ class SenderConfig:
     chunk_bytes: int = 256 << 10         # rate-limited writes are at most this large
     deadline_s: float = 60.0             # a request not fully acknowledged by then fails
     retransmit_s: float = 5.0            # resend a frame unacknowledged for this long
-    connect_timeout_s: float = 5.0       # TCP connect + handshake
+    connect_timeout_s: float = 5.0       # TCP connect, and then the whole handshake
+    handshake_attempts: int = 3          # Sender(): a handshake cut or corrupted in transit is
+                                         # retried this often in all, then HandshakeError
     reconnect_backoff_s: float = 0.02    # first retry delay; doubles up to 1 s
     send_buffer_bytes: int | None = None  # SO_SNDBUF; on a real link set it near the
                                          # bandwidth-delay product, so residual bytes already
@@ -65,6 +67,8 @@ class SenderConfig:
             raise ValueError(f"{self.port=} must be a TCP port in [1, 65535]")
         if not isinstance(self.num_connections, int) or not 1 <= self.num_connections <= 64:
             raise ValueError(f"{self.num_connections=} must be an int in [1, 64]")
+        if type(self.handshake_attempts) is not int or not 1 <= self.handshake_attempts <= 100:
+            raise ValueError(f"{self.handshake_attempts=} must be an int in [1, 100]")
         _positive("gbps", self.gbps, allow_none=True)
         for name in ("deadline_s", "retransmit_s", "connect_timeout_s", "reconnect_backoff_s",
                      "burst_s", "early_s"):
@@ -98,10 +102,14 @@ class ReceiverConfig:
     # instance drafts on the anchor, dequantizing beside the model steals its CPU (and GIL).
     defer_residual: bool = False
     num_decode_threads: int = 1
-    max_connections: int = 16
+    max_connections: int = 16            # connections past the handshake; more are refused
+    max_handshakes: int = 16             # connections in the handshake; one more closes the
+                                         # oldest, so slow handshakes cannot lock senders out
     max_requests: int = 256              # requests held at once (until released)
     max_request_bytes: int = 8 << 30     # destination KV of one request (all layers, K and V)
-    handshake_timeout_s: float = 5.0
+    handshake_timeout_s: float = 5.0     # the whole handshake, however slowly bytes come
+    idle_timeout_s: float = 60.0         # a connection silent this long is closed (an idle
+                                         # sender reconnects when it next has frames)
     limits: WireLimits = DEFAULT_LIMITS
     secret: bytes | None = field(default=None, repr=False)
     # The codecs (lynx_npu.get_codec(...), every parameter counts) this receiver accepts: a
@@ -113,15 +121,20 @@ class ReceiverConfig:
         object.__setattr__(self, "codecs", _codec_specs(self.codecs))
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
             raise ValueError(f"{self.port=} must be a TCP port in [0, 65535]")
-        _positive("deadline_s", self.deadline_s)
-        _positive("handshake_timeout_s", self.handshake_timeout_s)
-        for name in ("num_decode_threads", "max_connections", "max_requests",
+        for name in ("deadline_s", "handshake_timeout_s", "idle_timeout_s"):
+            _positive(name, getattr(self, name))
+        for name in ("num_decode_threads", "max_connections", "max_handshakes", "max_requests",
                      "max_request_bytes"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be a positive int")
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive int")
+        if not isinstance(self.limits, WireLimits):
+            raise ValueError(f"limits={self.limits!r} must be a WireLimits")
         _check_secret(self.secret)
 
     @functools.cached_property
     def compat(self) -> Compat:
-        """What this receiver announces and accepts in the handshake (lynx_npu.wire.compat)."""
-        return Compat.of(self.codecs)
+        """What this receiver announces and accepts in the handshake (lynx_npu.wire.compat):
+        its codecs and its limits."""
+        return Compat.of(self.codecs,
+                         limits=ReceiveLimits.of(self.limits, self.max_request_bytes))

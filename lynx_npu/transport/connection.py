@@ -1,55 +1,98 @@
 """Frames over one TCP socket: exact reads, paced writes, and the handshake.
 
+Reads allocate as bytes arrive, never what a header announces (a peer's 58-byte header
+claiming 64 MiB costs 64 KiB until the bytes come), and run under a deadline or a timeout
+the owner sets: the whole handshake must finish by its deadline (``FrameSocket.deadline``),
+and after it every read gives up once the peer has been silent for the socket's timeout.
+
 Handshake. Both sides send HELLO: a fresh 32-byte nonce, then their compatibility description
 (lynx_npu.wire.compat: the payload format, and the codecs with every parameter that the sender
 will send / the receiver accepts). With T = SHA-256(sender's description) + SHA-256(receiver's):
-    sender   -> AUTH     HMAC-SHA256(secret, b"lynx-v2 sender"   + receiver_nonce + sender_nonce + T)
-    receiver -> AUTH_OK  HMAC-SHA256(secret, b"lynx-v2 receiver" + sender_nonce + receiver_nonce + T)
+    sender   -> AUTH     HMAC-SHA256(secret, b"lynx-v3 sender"   + receiver_nonce + sender_nonce + T)
+    receiver -> AUTH_OK  HMAC-SHA256(secret, b"lynx-v3 receiver" + sender_nonce + receiver_nonce + T)
          or  -> ERROR    ref_kind AUTH (a wrong tag) or HELLO (an incompatible sender): the reason
 Without a secret both tags are empty. Each side checks the other's tag, so a peer without the
 secret can neither send frames nor pose as the receiver; fresh nonces defeat replay; T binds
 both descriptions to the tags, so neither can be altered in flight. A side configured with a
 secret refuses a peer without one. The receiver judges compatibility (Compat.refusal) only
 after the tag checks out; the sender raises IncompatiblePeerError with the receiver's reason,
-which names both sides' values.
+which names both sides' values. Each side returns the other's description: the receiver binds
+requests to the sender's session, the sender checks requests against the receiver's limits.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import hmac
 import logging
 import os
+import secrets
 import socket
 import threading
+import time
 
-from ..wire import (NONCE_BYTES, Compat, Frame, Kind, TruncatedFrameError, WireLimits,
-                    encode_frame, read_frame)
+from ..wire import (NONCE_BYTES, Compat, Frame, Kind, TruncatedFrameError,
+                    UnsupportedVersionError, WireLimits, encode_frame, read_frame)
 from .errors import AuthenticationError, IncompatiblePeerError, RemoteError
 from .rate_limit import TokenBucket
 
 log = logging.getLogger(__name__)
 
 
-class SocketReader:
-    """``read_exact`` for read_frame: fills a fresh buffer of exactly n bytes (n is already
-    bounded by the decoder's limits when this is called). Reads through a buffered file so a
-    small header does not cost a system call of its own."""
+_FIRST_CHUNK = 64 << 10  # a read's first allocation; it then at most doubles what arrived
 
-    def __init__(self, sock: socket.socket, buffer_bytes: int = 256 << 10):
+
+class SocketReader:
+    """``read_exact`` for read_frame: returns a fresh buffer of exactly n bytes, grown as the
+    bytes arrive (at most twice what arrived, and at least 64 KiB), so a header that announces
+    a large payload allocates nothing until the payload comes. Reads through a buffered file
+    so a small header does not cost a system call of its own. With ``deadline`` set
+    (time.monotonic()), every read must finish by then, however slowly the bytes drip."""
+
+    def __init__(self, sock: socket.socket, buffer_bytes: int = 64 << 10):
+        self._sock = sock
         self._file = sock.makefile("rb", buffering=buffer_bytes)
+        self.deadline: float | None = None
+        self.pending_bytes = 0  # allocated for the frame part being read now
 
     def __call__(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
-        while got < n:
-            try:
-                r = self._file.readinto(view[got:])
-            except ValueError:  # the file was closed under us: close() from another thread
-                r = 0
-            if not r:
-                raise TruncatedFrameError(f"connection closed after {got} of {n} bytes")
-            got += r
+        buf, got = bytearray(min(n, _FIRST_CHUNK)), 0
+        try:
+            while got < n:
+                if got == len(buf):  # full: grow by what arrived, never to what was announced
+                    buf.extend(bytes(min(n, 2 * got) - got))
+                self.pending_bytes = len(buf)
+                with memoryview(buf) as view:
+                    r = self._read_into(view[got:])
+                if not r:
+                    raise TruncatedFrameError(f"connection closed after {got} of {n} bytes")
+                got += r
+        finally:
+            self.pending_bytes = 0
         return buf
+
+    def skip(self, n: int) -> None:
+        """Read and drop ``n`` bytes (a refused frame's payload) in bounded pieces."""
+        piece = bytearray(min(n, _FIRST_CHUNK))
+        with memoryview(piece) as view:
+            while n:
+                r = self._read_into(view[:min(n, len(piece))])
+                if not r:
+                    raise TruncatedFrameError(f"connection closed with {n} bytes to skip")
+                n -= r
+
+    def _read_into(self, view: memoryview) -> int:
+        try:
+            if self.deadline is None:
+                return self._file.readinto(view)
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("the read deadline passed")
+            self._sock.settimeout(left)
+            return self._file.readinto1(view)  # one recv: a drip cannot stretch the deadline
+        except ValueError:  # the file was closed under us: close() from another thread
+            return 0
 
     def close(self) -> None:
         try:
@@ -74,6 +117,24 @@ class FrameSocket:
 
     def read(self) -> Frame:
         return read_frame(self._read, self.limits)
+
+    def skip(self, n: int) -> None:
+        self._read.skip(n)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes allocated for a frame still arriving (bounded by what arrived)."""
+        return self._read.pending_bytes
+
+    @contextlib.contextmanager
+    def deadline(self, seconds: float):
+        """Reads and writes inside must all finish within ``seconds`` in total."""
+        self._read.deadline = time.monotonic() + seconds
+        self.sock.settimeout(seconds)  # a write waits no longer than the whole budget
+        try:
+            yield self
+        finally:
+            self._read.deadline = None
 
     def write(self, *buffers) -> None:
         """Send the buffers back to back (one frame), paced by the limiter if any. Each paced
@@ -129,7 +190,7 @@ def _tag(secret: bytes | None, role: bytes, first: bytes, second: bytes,
          transcript: bytes) -> bytes:
     if secret is None:
         return b""
-    return hmac.new(secret, b"lynx-v2 " + role + first + second + transcript,
+    return hmac.new(secret, b"lynx-v3 " + role + first + second + transcript,
                     hashlib.sha256).digest()
 
 
@@ -138,14 +199,14 @@ def _transcript(sender_description: bytes, receiver_description: bytes) -> bytes
             + hashlib.sha256(receiver_description).digest())
 
 
-def _hello(conn: FrameSocket) -> tuple[bytes, bytes]:
+def _hello(read) -> tuple[bytes, bytes]:
     """The peer's HELLO: (nonce, compatibility description)."""
-    payload = bytes(_expect(conn, Kind.HELLO).payload)
+    payload = bytes(_expect(read, Kind.HELLO).payload)
     return payload[:NONCE_BYTES], payload[NONCE_BYTES:]
 
 
-def _expect(conn: FrameSocket, kind: Kind) -> Frame:
-    frame = conn.read()
+def _expect(read, kind: Kind) -> Frame:
+    frame = read()
     if frame.kind == Kind.ERROR:
         raise RemoteError(f"peer refused the connection: {bytes(frame.payload).decode()}")
     if frame.kind != kind:
@@ -153,15 +214,31 @@ def _expect(conn: FrameSocket, kind: Kind) -> Frame:
     return frame
 
 
-def client_handshake(conn: FrameSocket, secret: bytes | None, compat: Compat = Compat()) -> None:
-    """Sender side, announcing ``compat`` (the codecs it will send). Raises
+def _read_peer(conn: FrameSocket) -> Frame:
+    try:
+        return conn.read()
+    except UnsupportedVersionError as e:  # another frame format: retrying cannot help
+        raise IncompatiblePeerError(f"the peer speaks another frame format: {e}") from None
+
+
+def new_session() -> str:
+    """A sender's session id: 128 random bits, shared by all its connections."""
+    return secrets.token_hex(16)
+
+
+def client_handshake(conn: FrameSocket, secret: bytes | None,
+                     compat: Compat = Compat()) -> Compat:
+    """Sender side, announcing ``compat`` (the codecs it will send, its session: a fresh one
+    if it names none). Returns the receiver's description (its limits). Raises
     IncompatiblePeerError or AuthenticationError with the receiver's reason."""
+    if not compat.session:
+        compat = dataclasses.replace(compat, session=new_session())
     mine, description = os.urandom(NONCE_BYTES), compat.to_json()
     conn.send(Frame(Kind.HELLO, payload=mine + description))
-    theirs, their_description = _hello(conn)
+    theirs, their_description = _hello(lambda: _read_peer(conn))
     transcript = _transcript(description, their_description)
     conn.send(Frame(Kind.AUTH, payload=_tag(secret, b"sender", theirs, mine, transcript)))
-    reply = conn.read()
+    reply = _read_peer(conn)
     if reply.kind == Kind.ERROR:
         reason = bytes(reply.payload).decode()
         if reply.ref_kind == Kind.HELLO:
@@ -172,24 +249,32 @@ def client_handshake(conn: FrameSocket, secret: bytes | None, compat: Compat = C
     if not hmac.compare_digest(bytes(reply.payload),
                                _tag(secret, b"receiver", mine, theirs, transcript)):
         raise AuthenticationError("the receiver did not prove it knows the shared secret")
+    try:
+        return Compat.from_json(their_description)
+    except ValueError as e:  # authenticated but malformed: a broken receiver, not a refusal
+        raise IncompatiblePeerError(f"the receiver's description is malformed: {e}") from None
 
 
-def server_handshake(conn: FrameSocket, secret: bytes | None, compat: Compat = Compat()) -> None:
+def server_handshake(conn: FrameSocket, secret: bytes | None,
+                     compat: Compat = Compat()) -> Compat:
     """Receiver side, accepting what ``compat`` declares (nothing declared: any codec it can
-    build). On failure tells the peer why, then raises AuthenticationError or
-    IncompatiblePeerError."""
-    theirs, their_description = _hello(conn)
+    build). Returns the sender's description (its session). On failure tells the peer why,
+    then raises AuthenticationError or IncompatiblePeerError."""
+    theirs, their_description = _hello(conn.read)  # another version: _serve refuses it
     mine, description = os.urandom(NONCE_BYTES), compat.to_json()
     conn.send(Frame(Kind.HELLO, payload=mine + description))
     transcript = _transcript(their_description, description)
-    tag = bytes(_expect(conn, Kind.AUTH).payload)
+    tag = bytes(_expect(conn.read, Kind.AUTH).payload)
     if not hmac.compare_digest(tag, _tag(secret, b"sender", mine, theirs, transcript)):
         reason = ("authentication failed: wrong or missing shared secret" if secret else
                   "authentication failed: the receiver has no shared secret configured")
         _refuse(conn, Kind.AUTH, reason)
         raise AuthenticationError(reason)
     try:
-        reason = compat.refusal(Compat.from_json(their_description))
+        sender = Compat.from_json(their_description)
+        reason = compat.refusal(sender) or (
+            None if sender.session else "the sender names no session (frame format 3 "
+                                        "requires one: its requests are bound to it)")
     except ValueError as e:
         reason = str(e)
     if reason is not None:
@@ -197,6 +282,7 @@ def server_handshake(conn: FrameSocket, secret: bytes | None, compat: Compat = C
         _refuse(conn, Kind.HELLO, reason)
         raise IncompatiblePeerError(reason)
     conn.send(Frame(Kind.AUTH_OK, payload=_tag(secret, b"receiver", theirs, mine, transcript)))
+    return sender
 
 
 def _refuse(conn: FrameSocket, refused: Kind, reason: str) -> None:

@@ -13,6 +13,11 @@ header, or any stream error, closes the connection (the sender reconnects and re
 was not acknowledged; duplicates are acknowledged and ignored); an incompatible peer (unknown
 version or codec) gets an ERROR naming the field; a request past its deadline fails with
 TransferDeadlineError on every waiter.
+
+Hostile peers (issue 18): reads allocate what arrived, not what a header announced
+(connection.SocketReader); the whole handshake has a deadline, and slow handshakes are
+evicted oldest first (connection_slots.py); a connection silent for ``idle_timeout_s`` is
+closed.
 """
 from __future__ import annotations
 
@@ -27,11 +32,11 @@ import time
 from ..codec import codec_from_wire
 from ..ops.page_serde import WirePage
 from ..wire import (DATA_KINDS, HEADER_SIZE, ChecksumError, Frame, Kind, UnknownCodecError,
-                    encode_frame,
-                    UnsupportedVersionError, WireError, params_from_json)
+                    UnsupportedVersionError, WireError, encode_frame, params_from_json)
 from .base import KVReceiver, OnEncoded, SerdeFactory, serde_for
 from .config import ReceiverConfig
 from .connection import FrameSocket, server_handshake
+from .connection_slots import ConnectionSlots
 from .errors import RemoteError, TransferDeadlineError, TransferError, TransportClosed
 from .receive_state import OnPage, PageJob, ReceiveHandle, RequestRejected
 
@@ -66,7 +71,7 @@ class Receiver(KVReceiver):
         self._closed = threading.Event()
         self._requests: dict[int, ReceiveHandle] = {}
         self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self._conns: set[FrameSocket] = set()
+        self._conns = ConnectionSlots(config.max_connections, config.max_handshakes)
         self._codecs: dict[tuple[int, bytes], object] = {}
         self._jobs: queue.SimpleQueue[PageJob | None] = queue.SimpleQueue()
         self._listener = socket.create_server((config.host, config.port))
@@ -100,13 +105,24 @@ class Receiver(KVReceiver):
         if handle is not None and not handle.finished:
             handle.fail(TransportClosed(f"request {request_id} was released before completing"))
 
+    @property
+    def num_connections(self) -> int:
+        """Connections held now, in the handshake or past it."""
+        return len(self._conns.all())
+
+    def buffered_bytes(self) -> int:
+        """Bytes allocated for frames still arriving, over every connection: bounded by what
+        arrived (at most twice it, and 64 KiB a connection), never by what headers claim."""
+        return sum(conn.pending_bytes for conn in self._conns.all())
+
     def close(self) -> None:
         if self._closed.is_set():
             return
         self._closed.set()
         self._listener.close()
         with self._lock:
-            conns, handles = list(self._conns), list(self._requests.values())
+            handles = list(self._requests.values())
+        conns = self._conns.all()
         for conn in conns:
             conn.close()
         for handle in handles:
@@ -133,20 +149,15 @@ class Receiver(KVReceiver):
                 continue
             except OSError:
                 return
-            sock.settimeout(None)
             conn = FrameSocket(sock, self.config.limits)
-            with self._lock:
-                if len(self._conns) >= self.config.max_connections:
-                    full = True
-                else:
-                    full = False
-                    self._conns.add(conn)
-            if full:
-                try:
-                    sock.settimeout(1.0)
-                    conn.send(Frame(Kind.ERROR, payload=b"too many connections"))
-                except OSError:
-                    pass
+            admitted, evicted = self._conns.admit(conn)
+            if evicted is not None:
+                log.warning("closing the oldest of %d unfinished handshakes to admit a new "
+                            "connection", self.config.max_handshakes)
+                evicted.close()
+            if not admitted:
+                self._refuse(conn, f"too many connections (max_connections="
+                                   f"{self.config.max_connections})", timeout_s=1.0)
                 conn.close()
                 continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True,
@@ -155,9 +166,13 @@ class Receiver(KVReceiver):
     def _serve(self, conn: FrameSocket) -> None:
         acks: list[bytes] = []  # acknowledgements go out in batches (one system call each)
         try:
-            conn.sock.settimeout(self.config.handshake_timeout_s)
-            server_handshake(conn, self.config.secret, self.config.compat)
-            conn.sock.settimeout(None)
+            with conn.deadline(self.config.handshake_timeout_s):
+                server_handshake(conn, self.config.secret, self.config.compat)
+            if not self._conns.establish(conn):  # filled meanwhile: the sender reconnects
+                log.warning("closing a connection past its handshake: max_connections=%d",
+                            self.config.max_connections)
+                return
+            conn.sock.settimeout(self.config.idle_timeout_s)  # per read: silence closes it
             poller = select.poll()
             poller.register(conn.sock, select.POLLIN)
             while not self._closed.is_set():
@@ -190,13 +205,14 @@ class Receiver(KVReceiver):
                 log.debug("connection closed: %s", e)
         finally:
             conn.close()
-            with self._lock:
-                self._conns.discard(conn)
+            self._conns.remove(conn)
 
-    def _refuse(self, conn: FrameSocket, reason: str) -> None:
+    def _refuse(self, conn: FrameSocket, reason: str, timeout_s: float | None = None) -> None:
         log.warning("refusing a sender: %s", reason)
         try:
-            conn.send(Frame(Kind.ERROR, payload=reason.encode()[:self.config.limits.max_error_bytes]))
+            if timeout_s is not None:
+                conn.sock.settimeout(timeout_s)
+            conn.send(self._error(0, reason))
         except OSError:
             pass
 

@@ -24,7 +24,7 @@ class SendQueue:
                 return False
             self._keys.add(key)
             self._streams[Kind(kind)].append((key, item))
-            self._cond.notify()
+            self._cond.notify_all()  # writers popping and idle links waiting to reconnect
             return True
 
     def pop(self, timeout: float | None = None):
@@ -37,6 +37,12 @@ class SendQueue:
             key, item = stream.popleft()
             self._keys.discard(key)
             return item
+
+    def wait_for_frames(self, timeout: float) -> bool:
+        """True once any item is queued (paused or not); False after ``timeout`` or closed."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._closed or bool(self._keys), timeout) \
+                and not self._closed
 
     def pause(self) -> None:
         with self._cond:

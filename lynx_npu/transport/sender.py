@@ -14,11 +14,17 @@ Delivery: a frame stays in ``_frames`` until the receiver acknowledges it. When 
 drops, its unacknowledged frames go back to the queues and are resent on the next connection:
 the receiver keeps what it already had (it acknowledges duplicates and applies nothing twice),
 so a transfer resumes by page id with nothing lost or duplicated. A NACK (payload CRC failed)
-re-queues that one frame.
+re-queues that one frame. A connection the receiver closed (idle) is opened again only when
+there are frames to send.
+
+Peers: every connection announces one session id. ``Sender()`` retries a handshake cut or
+corrupted in transit (``handshake_attempts``), then raises HandshakeError; a refusal
+(authentication, compatibility) is raised at once.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import socket
 import threading
@@ -35,7 +41,7 @@ from ..wire import (DATA_KINDS, DTYPE_CODES, Frame, Kind, WireError, pack_header
 from ..wire.limits import DEFAULT_LIMITS
 from .base import KVSender, SerdeFactory, serde_for
 from .config import SenderConfig
-from .connection import FrameSocket, client_handshake
+from .connection import FrameSocket, client_handshake, new_session
 from .errors import (HandshakeError, RemoteError, TransferDeadlineError, TransferError,
                      TransportClosed)
 from .events import StageEvent
@@ -95,14 +101,44 @@ class _Link:
         self.thread = threading.Thread(target=self._write_loop, daemon=True,
                                        name=f"lynx-send-{index}")
 
+    def open(self) -> None:
+        """The first connection (from Sender()): a handshake that fails in transit (a frame
+        cut or corrupted, a timeout, a receiver full for now) is tried ``handshake_attempts``
+        times in all, then HandshakeError; a refusal is raised at once, and so is a failed TCP
+        connect (nothing listens there)."""
+        cfg, backoff = self.sender.config, self.sender.config.reconnect_backoff_s
+        for attempt in range(1, cfg.handshake_attempts + 1):
+            sock = self._dial()
+            try:
+                return self._greet(sock)
+            except HandshakeError:
+                raise
+            except (OSError, WireError, TransferError) as e:
+                last = f"{type(e).__name__}: {e}"
+                log.debug("handshake with %s:%d failed (attempt %d): %s", cfg.host, cfg.port,
+                          attempt, e)
+            if attempt < cfg.handshake_attempts:
+                time.sleep(backoff)
+                backoff = min(1.0, backoff * 2)
+        raise HandshakeError(f"the handshake with {cfg.host}:{cfg.port} failed "
+                             f"{cfg.handshake_attempts} times; last: {last}")
+
     def connect(self) -> None:
+        self._greet(self._dial())
+
+    def _dial(self) -> socket.socket:
         cfg = self.sender.config
         sock = socket.create_connection((cfg.host, cfg.port), timeout=cfg.connect_timeout_s)
         if cfg.send_buffer_bytes is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.send_buffer_bytes)
+        return sock
+
+    def _greet(self, sock: socket.socket) -> None:
+        cfg = self.sender.config
         conn = FrameSocket(sock, DEFAULT_LIMITS, self.sender.limiter, cfg.chunk_bytes)
         try:
-            client_handshake(conn, cfg.secret, cfg.compat)
+            with conn.deadline(cfg.connect_timeout_s):
+                client_handshake(conn, cfg.secret, self.sender.compat)
         except BaseException:
             conn.close()
             raise
@@ -144,8 +180,11 @@ class _Link:
     def _write_loop(self) -> None:
         s = self.sender
         while not s._closed.is_set():
-            if self.conn is None and not self._reconnect():
-                return
+            if self.conn is None:
+                if not s.queue.wait_for_frames(0.1):
+                    continue  # nothing to send: stay disconnected (the receiver closes idlers)
+                if not self._reconnect():
+                    return
             with s._lock:
                 conn, gen = self.conn, self.generation
             if conn is None:
@@ -195,6 +234,9 @@ class Sender(KVSender):
     def __init__(self, config: SenderConfig, serde: SerdeFactory = serde_for):
         self.config = config
         self.serde = serde
+        # One session for every connection: the receiver binds this sender's requests to it.
+        self.session = new_session()
+        self.compat = dataclasses.replace(config.compat, session=self.session)
         self._serdes: dict = {}
         self.limiter = (TokenBucket(config.gbps, config.burst_bytes, config.early_s)
                         if config.gbps else None)
@@ -209,7 +251,7 @@ class Sender(KVSender):
         self._links = [_Link(self, i) for i in range(config.num_connections)]
         try:
             for link in self._links:
-                link.connect()  # fail fast: unreachable receiver or bad secret raise here
+                link.open()  # fail fast: unreachable receiver or bad secret raise here
         except BaseException:
             self._close_links()
             raise
