@@ -9,7 +9,28 @@ the request to the decode server (which waits for the KV) and a one-token copy t
 server (which computes the prompt and streams its KV to the decode server, anchor first), and
 returns the decode server's response, streamed or not, unchanged. Both servers see the same
 prompt, so they tokenize it identically. Anything else (``/v1/models``, ...) goes to the decode
-server.
+server. The client's headers (``Authorization``, ...) go to both servers, less the hop-by-hop
+ones and those the proxy sets itself.
+
+Failures, each answered at once and named (``{"error": {"message", "type", "code"}}``):
+
+- the decode request is sent first, the prefill request only once the decode server has taken
+  it (connection open, request sent): a decode server that cannot be reached is a 502 naming
+  it, and no prefill work is started;
+- ``--connect-timeout`` bounds every connection, ``--read-timeout`` every silence of an
+  upstream (before its answer or between two reads): a decode server that takes the request
+  and does not answer is a 504 naming it;
+- a prefill request that fails (unreachable, connection lost, an error status) before the
+  decode server's first bytes (which need the KV) makes the proxy abort the decode request (its
+  connection is closed, which vLLM's server takes as an abort) and send it again without
+  ``kv_transfer_params``: the decode server computes the prompt at once instead of waiting out
+  its transfer timeout. Nothing goes to the client before those first bytes, so it never sees
+  a byte of the aborted request. A prefill server that hangs cannot be told from a slow one:
+  the decode server's own ``transfer_timeout_s`` (below the read timeout) covers it;
+- a client that disconnects aborts every upstream request (its handler is cancelled: the
+  runner needs ``handler_cancellation=True``, as ``main`` and ``start_proxy`` set);
+- a body that is not a JSON object (malformed, nested too deep for the parser) is a 400, one
+  over ``--max-request-mb`` a 413.
 """
 from __future__ import annotations
 
@@ -17,6 +38,7 @@ import argparse
 import asyncio
 import logging
 import secrets
+from dataclasses import dataclass
 
 log = logging.getLogger("lynx.proxy")
 GENERATE = ("/v1/completions", "/v1/chat/completions")
@@ -61,46 +83,217 @@ def new_transfer_id() -> int:
     return secrets.randbits(63) or 1
 
 
-def make_app(prefill_url: str, decode_url: str):
-    from aiohttp import ClientSession, ClientTimeout, web
+# Not forwarded from the client: hop-by-hop headers (RFC 9110 7.6.1), those the proxy's own
+# request sets (the body is re-encoded as JSON), and Accept-Encoding (the proxy relays the
+# upstream's answer decompressed, whatever the client accepts).
+DROP_HEADERS = frozenset(h.lower() for h in (
+    "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
+    "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Content-Type",
+    "Content-Encoding", "Accept-Encoding", "Expect"))
+
+
+def forwarded_headers(headers) -> dict[str, str]:
+    """The client's headers to send upstream (Authorization, custom X- headers, ...)."""
+    drop = set(DROP_HEADERS)
+    for value in headers.getall("Connection", []):  # headers the client names hop-by-hop
+        drop.update(v.strip().lower() for v in value.split(","))
+    return {k: v for k, v in headers.items() if k.lower() not in drop}
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect_s: float = 10.0   # TCP connection to an upstream
+    read_s: float = 900.0     # an upstream's silence (before its answer, or between two reads):
+    #                           above the decode server's transfer_timeout_s (600) plus its
+    #                           longest unstreamed generation, which sends no byte before the end
+
+    def __post_init__(self):
+        for name in ("connect_s", "read_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 < value <= 86400:
+                raise ValueError(f"{name}={value!r} must be a number in (0, 86400]")
+
+
+class UpstreamError(Exception):
+    """An upstream could not be used: -> the proxy's answer (502, or 504 for a timeout)."""
+
+    def __init__(self, role: str, url: str, exc: BaseException, timeouts: Timeouts):
+        from aiohttp import ConnectionTimeoutError
+        self.status = 504 if isinstance(exc, asyncio.TimeoutError) else 502
+        if isinstance(exc, ConnectionTimeoutError):
+            why = f"could not be connected to within {timeouts.connect_s:g} s"
+        elif self.status == 504:
+            why = f"sent nothing for {timeouts.read_s:g} s"
+        else:
+            why = f"could not be reached or failed ({type(exc).__name__}: {exc})"
+        super().__init__(f"{role} server {url} {why}")
+
+
+def _error(status: int, message: str, kind: str = "upstream_error"):
+    from aiohttp import web
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}},
+                             status=status)
+
+
+def make_app(prefill_url: str, decode_url: str, timeouts: Timeouts = Timeouts(),
+             max_request_bytes: int = 32 << 20):
+    from aiohttp import (ClientError, ClientResponse, ClientSession, ClientTimeout,
+                         TCPConnector, TraceConfig, web)
+    failed = (ClientError, OSError, asyncio.TimeoutError)  # an upstream that failed us
+    session_key = web.AppKey("session", ClientSession)
+
+    async def on_sent(session, ctx, params) -> None:
+        if ctx.trace_request_ctx is not None:
+            ctx.trace_request_ctx["sent"].set()
 
     async def on_startup(app):
-        app["session"] = ClientSession(timeout=ClientTimeout(total=None, sock_connect=10))
+        trace = TraceConfig()
+        trace.on_request_headers_sent.append(on_sent)
+        app[session_key] = ClientSession(
+            # limit=0: no pool cap, or requests beyond 100 would queue here and time out
+            connector=TCPConnector(limit=0),
+            timeout=ClientTimeout(total=None, connect=timeouts.connect_s,
+                                  sock_connect=timeouts.connect_s, sock_read=timeouts.read_s),
+            trace_configs=[trace])
 
     async def on_cleanup(app):
-        await app["session"].close()
+        await app[session_key].close()
+
+    async def post(url: str, body: dict, headers: dict, sent: asyncio.Event | None = None):
+        ctx = {"sent": sent} if sent is not None else None
+        return await app[session_key].post(url, json=body, headers=headers,
+                                           trace_request_ctx=ctx)
+
+    async def start_decode(url: str, body: dict, headers: dict) -> asyncio.Task:
+        """The decode request, once its server has taken it (UpstreamError if it cannot)."""
+        sent = asyncio.Event()
+        task = asyncio.ensure_future(post(url, body, headers, sent))
+        waiter = asyncio.ensure_future(sent.wait())
+        try:
+            await asyncio.wait({task, waiter}, timeout=timeouts.connect_s + timeouts.read_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: the client left
+            task.cancel()
+            raise
+        finally:
+            waiter.cancel()
+        if task.done() and task.exception() is not None:
+            raise UpstreamError("decode", decode_url, task.exception(), timeouts)
+        if not (task.done() or sent.is_set()):
+            task.cancel()
+            raise UpstreamError("decode", decode_url, asyncio.TimeoutError(), timeouts)
+        return task
+
+    async def first_bytes(decode: asyncio.Task) -> bytes:
+        """The decode server's first body bytes: it has the KV (or computed the prompt)."""
+        return await (await decode).content.readany()
+
+    async def run_prefill(url: str, body: dict, headers: dict) -> str | None:
+        """-> None when the prefill server computed the prompt, else why it did not."""
+        try:
+            async with await post(url, body, headers) as r:
+                text = await r.text()
+                if r.status != 200:
+                    return f"prefill server {prefill_url} answered {r.status}: " \
+                           f"{' '.join(text.split())[:200]}"
+                return None
+        except failed as e:
+            return str(UpstreamError("prefill", prefill_url, e, timeouts))
+
+    async def abort(task: asyncio.Task) -> None:
+        """Cancel an upstream request, or close its answer's connection: vLLM's server aborts
+        a request whose connection closes."""
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        elif not task.cancelled() and task.exception() is None \
+                and isinstance(task.result(), ClientResponse):
+            task.result().close()  # after a full answer it was released: a no-op
 
     async def generate(request: web.Request) -> web.StreamResponse:
         try:
             body = await request.json()
             prefill_body, decode_body = split_request(body, new_transfer_id())
-        except ValueError as e:
-            return web.json_response({"error": str(e)}, status=400)
-        session = request.app["session"]
-        path = request.path
-        # Both at once: the decode request waits (WAITING_FOR_REMOTE_KVS) for the KV, and KV
-        # that arrives before it is held by the decode server's receiver.
-        decode_req = asyncio.ensure_future(session.post(decode_url + path, json=decode_body))
-        prefill = asyncio.ensure_future(session.post(prefill_url + path, json=prefill_body))
-        prefill.add_done_callback(_log_prefill)
-        decode = await decode_req
-        response = web.StreamResponse(status=decode.status, headers={
-            "Content-Type": decode.headers.get("Content-Type", "application/json")})
+        except RecursionError:
+            return _error(400, "the request body is nested too deeply to parse",
+                          "invalid_request_error")
+        except ValueError as e:  # json.JSONDecodeError is one
+            return _error(400, f"bad request body: {e}", "invalid_request_error")
+        headers = forwarded_headers(request.headers)
+        url = decode_url + request.path
+        tasks = []  # every upstream request; those still open at the end are aborted
+        try:
+            # The decode request first; the prefill's work only once the decode server took it.
+            try:
+                decode = await start_decode(url, decode_body, headers)
+            except UpstreamError as e:
+                log.warning("%s; prefill not started", e)
+                return _error(e.status, f"{e}; the prefill request was not started")
+            prefill = asyncio.ensure_future(
+                run_prefill(prefill_url + request.path, prefill_body, headers))
+            first = asyncio.ensure_future(first_bytes(decode))
+            tasks += [decode, prefill, first]
+            # Nothing goes to the client before the decode server's first bytes, which need the
+            # KV: a prefill failure before them is caught while the decode request can be redone.
+            await asyncio.wait({prefill, first}, return_when=asyncio.FIRST_COMPLETED)
+            if not first.done() and prefill.result() is not None:
+                # The decode server would wait out its transfer timeout: abort the request
+                # and send it again without KV transfer, so it computes the prompt now.
+                log.warning("%s; decode request re-sent without kv_transfer_params",
+                            prefill.result())
+                await abort(first)
+                await abort(decode)
+                local = {k: v for k, v in decode_body.items() if k != "kv_transfer_params"}
+                decode = await start_decode(url, local, headers)
+                first = asyncio.ensure_future(first_bytes(decode))
+                tasks += [decode, first]
+            try:
+                chunk = await first
+            except failed as e:
+                raise UpstreamError("decode", decode_url, e, timeouts) from e
+            return await relay(request, decode.result(), chunk)
+        except UpstreamError as e:
+            log.warning("%s", e)
+            return _error(e.status, str(e))
+        finally:  # the client left, or anything failed: no upstream request left running
+            for task in tasks:
+                await abort(task)
+
+    async def relay(request: web.Request, upstream: ClientResponse,
+                    chunk: bytes) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, headers={
+            "Content-Type": upstream.headers.get("Content-Type", "application/json")})
         await response.prepare(request)
-        async for chunk in decode.content.iter_any():
-            await response.write(chunk)
+        while chunk:
+            await response.write(chunk)  # a client that left raises here (or is cancelled)
+            try:
+                chunk = await upstream.content.readany()
+            except failed as e:
+                # The status is out: closing the client's connection unfinished is all that
+                # is left, so that it cannot take the answer for complete.
+                log.warning("decode server %s failed mid-answer: %s", decode_url, e)
+                raise
         await response.write_eof()
-        decode.release()
+        upstream.release()
         return response
 
     async def passthrough(request: web.Request) -> web.Response:
-        session = request.app["session"]
-        async with session.request(request.method, decode_url + request.path_qs,
-                                   data=await request.read()) as r:
-            return web.Response(status=r.status, body=await r.read(),
-                                content_type=r.content_type)
+        headers = forwarded_headers(request.headers)
+        if "Content-Type" in request.headers:  # the body goes as it came
+            headers["Content-Type"] = request.headers["Content-Type"]
+        try:
+            async with app[session_key].request(
+                    request.method, decode_url + request.path_qs, data=await request.read(),
+                    headers=headers) as r:
+                return web.Response(status=r.status, body=await r.read(),
+                                    content_type=r.content_type)
+        except failed as e:
+            err = UpstreamError("decode", decode_url, e, timeouts)
+            log.warning("%s", err)
+            return _error(err.status, str(err))
 
-    app = web.Application()
+    app = web.Application(client_max_size=max_request_bytes)
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     for path in GENERATE:
@@ -109,29 +302,42 @@ def make_app(prefill_url: str, decode_url: str):
     return app
 
 
-def _log_prefill(fut: asyncio.Future) -> None:
-    try:
-        r = fut.result()
-        if r.status != 200:
-            log.warning("prefill server answered %d; the decode server recomputes the prompt "
-                        "after its transfer timeout", r.status)
-        r.release()
-    except Exception as e:  # noqa: BLE001 - logged, the decode side recovers
-        log.warning("prefill request failed: %s", e)
+async def start_proxy(app, host: str, port: int):
+    """Serve ``app`` (from make_app) as ``main`` does; -> the started AppRunner (cleanup()
+    stops it). A client that disconnects cancels its handler, which aborts the upstreams."""
+    from aiohttp import web
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lynx_npu.cli_types import int_in, number_in
+
     p = argparse.ArgumentParser(prog="python -m lynx_npu.integration.vllm_ascend.tools.proxy",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int_in(0, 65535), default=8000)
     p.add_argument("--prefill", required=True, help="prefill server URL, e.g. http://h:8100")
     p.add_argument("--decode", required=True, help="decode server URL, e.g. http://h:8200")
+    p.add_argument("--connect-timeout", type=number_in(0, 86400, low_open=True), default=10.0,
+                   help="seconds to connect to an upstream server (default 10)")
+    p.add_argument("--read-timeout", type=number_in(0, 86400, low_open=True), default=900.0,
+                   help="seconds an upstream may stay silent (default 900: above the decode "
+                        "server's transfer_timeout_s plus its longest unstreamed answer)")
+    p.add_argument("--max-request-mb", type=int_in(1, 4096), default=32,
+                   help="largest request body accepted, in MiB (default 32)")
     args = p.parse_args(argv)
+    for name in ("prefill", "decode"):
+        url = getattr(args, name)
+        if not url.startswith(("http://", "https://")):
+            p.error(f"--{name} {url!r} must be an http:// or https:// URL")
     logging.basicConfig(level=logging.INFO)
     from aiohttp import web
-    web.run_app(make_app(args.prefill.rstrip("/"), args.decode.rstrip("/")), host=args.host,
-                port=args.port)
+    app = make_app(args.prefill.rstrip("/"), args.decode.rstrip("/"),
+                   Timeouts(args.connect_timeout, args.read_timeout), args.max_request_mb << 20)
+    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True)
     return 0
 
 
