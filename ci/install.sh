@@ -13,6 +13,9 @@
 # model. ci/test.sh runs the vLLM tests there after the main suite. Re-running is cheap: pip
 # finds everything installed.
 #
+# The Mooncake transfer engine and Debian's libibverbs1 for the Mooncake transport:
+# ci/install_mooncake.sh (into the main environment; LYNX_MOONCAKE=0 skips it).
+#
 #   LYNX_SKIP_VLLM=1     skip both vLLM engines (the integration tests then skip with that reason)
 #   LYNX_VLLM023=0       skip the second environment (default 1: build it)
 #   LYNX_VLLM023_VENV=D  put the second environment in D (default .venv-vllm023)
@@ -31,6 +34,7 @@ if [ "${LYNX_SKIP_VLLM:-0}" != 1 ]; then
   python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('torch', torch.__version__)"
+bash ci/install_mooncake.sh
 
 if [ "${LYNX_SKIP_VLLM:-0}" = 1 ] || [ "${LYNX_VLLM023:-1}" != 1 ]; then
   exit 0

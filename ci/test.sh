@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/install.sh
 export TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# libibverbs unpacked into .deps/ when it could not be installed (ci/install_mooncake.sh)
+LD_LIBRARY_PATH="$(bash ci/mooncake_env.sh)" && export LD_LIBRARY_PATH
+export MC_LOG_LEVEL="${MC_LOG_LEVEL:-ERROR}"  # the Mooncake engine logs at INFO otherwise
 status=0
 python -m pytest -q -rs "$@" || status=$?
 if [ "${LYNX_SKIP_VLLM:-0}" != 1 ] && [ "${LYNX_VLLM023:-1}" = 1 ]; then

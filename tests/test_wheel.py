@@ -41,8 +41,8 @@ KERNEL_SOURCES = {
        if p.suffix in (".cpp", ".h")},
     **{f"lynx_npu/ascend_c/{n}": REPO / "ascend_c" / n for n in ("CMakeLists.txt", "build_npu.sh")},
 }
-_NOT_SOURCES = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "out", "*.egg-info",
-                                      "__pycache__",
+_NOT_SOURCES = shutil.ignore_patterns(".git", ".venv*", ".deps", "build", "dist", "out",
+                                      "*.egg-info", "__pycache__",
                                       ".pytest_cache", ".hypothesis", "*.so")
 
 
