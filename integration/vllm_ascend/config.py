@@ -35,10 +35,12 @@ import re
 from dataclasses import dataclass
 
 from lynx_npu.codec.registry import get_codec, list_codecs
+from lynx_npu.transport.mooncake_engine import MooncakeConfig
 
 ROLES = {"kv_producer": "producer", "kv_consumer": "consumer"}
 PARAMS_KEY = "lynx"
 WIRE_DTYPES = (None, "bfloat16", "float16")
+TRANSPORTS = ("tcp", "mooncake")
 BOOLS = {True: True, False: False, "true": True, "false": False}
 MIN_SECRET_CHARS = 16
 MIN_SECRET_BITS = 64.0
@@ -163,7 +165,9 @@ class LynxConnectorConfig:
     # producer
     codec: str = "lynx"                # codec used when a request names none
     peer: str | None = None            # decode receiver "host:port" when a request names none
-    gbps: float | None = None          # emulated link rate of the sender; None = unlimited
+    # emulated link rate (benchmarks): tcp: the sender paces (set it on the prefill instance);
+    # mooncake: the receiver paces its engine reads (set it on the decode instance)
+    gbps: float | None = None
     # Cast the KV to this dtype before encoding ("bfloat16" / "float16"; None: the cache's).
     # For engines that compute in float32 but whose deployments hold 16-bit KV (the CPU demo):
     # the codecs' page scalars and sink tokens are stored in the KV dtype.
@@ -180,6 +184,14 @@ class LynxConnectorConfig:
     defer_residual: bool = True
     # both
     secret: str | None = None          # shared secret authenticating the peers (check_secret)
+    # "tcp": the embedded split-stream transport; "mooncake": the Mooncake transfer engine
+    # moves the pages (the decode side reads every anchor before any residual) and a control
+    # connection to host:port (the same peer / port settings) says where they lie
+    transport: str = "tcp"
+    mooncake_protocol: str = "tcp"     # "tcp", "rdma", or "ascend" (the engine's NPU build)
+    mooncake_host: str = "127.0.0.1"   # IP address this instance's engine serves on; the
+                                       # prefill's must be the one its connections come from
+    mooncake_device: str = ""          # RDMA NICs / NPU devices, comma separated; "" = all
 
     def __post_init__(self):
         if self.role not in ROLES.values():
@@ -202,6 +214,23 @@ class LynxConnectorConfig:
             raise ValueError(f"{self.defer_residual=} must be a bool")
         if self.secret is not None:
             check_secret(self.secret)
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"{self.transport=} must be one of {list(TRANSPORTS)}")
+        self.mooncake_config()  # checks mooncake_host, mooncake_protocol, mooncake_device
+        if self.gbps is not None and self.transport == "mooncake" and self.role == "producer":
+            raise ValueError(f"gbps={self.gbps!r} on the prefill instance: over Mooncake the "
+                             f"decode instance reads the pages, set gbps there")
+
+    def mooncake_config(self) -> MooncakeConfig:
+        """This instance's Mooncake engine settings (the receiver's reads paced at gbps)."""
+        try:
+            return MooncakeConfig(host=self.mooncake_host, protocol=self.mooncake_protocol,
+                                  device_name=self.mooncake_device,
+                                  gbps=self.gbps if self.role == "consumer" else None)
+        except ValueError as e:
+            raise ValueError(str(e).replace("self.host", "mooncake_host").replace(
+                "self.protocol", "mooncake_protocol").replace(
+                "self.device_name", "mooncake_device")) from None
 
     @classmethod
     def from_vllm(cls, kv_role: str, extra: dict | None) -> "LynxConnectorConfig":

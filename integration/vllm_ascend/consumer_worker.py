@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass
 
 from lynx_npu.ops import PagedKVCache, WirePage
-from lynx_npu.transport import Receiver, ReceiverConfig
 
-from .config import LynxConnectorConfig, declared_codecs
+from .config import LynxConnectorConfig
 from .messages import LoadJob, LoadReport, LynxWorkerMeta, RefineReport
+from .transports import make_receiver
 from .vllm_compat import get_logger
 
 log = get_logger(__name__)
@@ -72,12 +72,7 @@ class ConsumerWorker:
     def __init__(self, config: LynxConnectorConfig, rank: int, world_size: int):
         self.config, self.rank, self.world_size = config, rank, world_size
         self.inbox = PageInbox()
-        self.receiver = Receiver(ReceiverConfig(
-            host=config.host, port=config.port + rank if config.port else 0,
-            deadline_s=config.transfer_timeout_s, num_decode_threads=config.num_decode_threads,
-            defer_residual=config.defer_residual, secret=config.secret_bytes,
-            codecs=declared_codecs()),
-            on_encoded=self.inbox.on_page)
+        self.receiver = make_receiver(config, rank, self.inbox.on_page)  # tcp or mooncake
         self.kv: PagedKVCache | None = None
         self.decoded_by: set[str] = set()   # the backends that decoded pages (logged once)
         self._transfers: dict[str, _Transfer] = {}

@@ -1,5 +1,6 @@
 """Prefill side, in each worker: compress a finished prompt's KV straight out of the paged cache
-and send it, anchor stream first, to the decode instance over the split-stream transport.
+and send it, anchor stream first, to the decode instance over the split-stream transport (the
+embedded TCP one, or the Mooncake transfer engine: ``transport``, transports.py).
 
 In ``wait_for_save`` of the step that completed the prompt (after its forward, before the
 scheduler can free or reuse the blocks), the page serde compresses one layer after another on
@@ -18,10 +19,11 @@ import torch
 
 import lynx_npu
 from lynx_npu.ops import EncodedLayer, PagedKVCache, WirePage, serde_for
-from lynx_npu.transport import Sender, SenderConfig
+from lynx_npu.transport.base import KVSender
 
-from .config import LynxConnectorConfig, declared_codecs, parse_peer
+from .config import LynxConnectorConfig, parse_peer
 from .messages import SaveJob
+from .transports import Senders
 from .vllm_compat import get_logger
 
 log = get_logger(__name__)
@@ -57,7 +59,7 @@ class ProducerWorker:
         self.config, self.rank, self.world_size = config, rank, world_size
         self.kv: PagedKVCache | None = None
         self._saves: list[SaveJob] = []
-        self._senders: dict[tuple[str, int], Sender] = {}
+        self._senders = Senders(config)
         self._serdes: dict[str, object] = {}
         self._handles: list = []
 
@@ -121,18 +123,10 @@ class ProducerWorker:
             return self.kv.dtype
         return getattr(torch, self.config.wire_dtype)
 
-    def _sender(self, peer: str) -> Sender:
+    def _sender(self, peer: str) -> KVSender:
         host, port = parse_peer(peer)
-        port += self.rank  # tensor-parallel rank r talks to the decode receiver of rank r
-        sender = self._senders.get((host, port))
-        if sender is None:
-            sender = Sender(SenderConfig(port=port, host=host, gbps=self.config.gbps,
-                                         deadline_s=self.config.transfer_timeout_s,
-                                         secret=self.config.secret_bytes,
-                                         codecs=declared_codecs()))
-            self._senders[(host, port)] = sender
-        return sender
+        # tensor-parallel rank r talks to the decode receiver of rank r
+        return self._senders.get(host, port + self.rank)
 
     def close(self) -> None:
-        for sender in self._senders.values():
-            sender.close()
+        self._senders.close()

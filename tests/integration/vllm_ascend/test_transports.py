@@ -1,0 +1,71 @@
+"""The ``transport`` key of the connector config (config.py) and what the workers build from it
+(transports.py: make_receiver for the decode worker, Senders for the prefill worker): tcp by
+default, mooncake when asked; a request crosses either one, handed on encoded as the decode
+worker takes it. No vLLM needed."""
+import os
+
+os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+
+import pytest  # noqa: E402
+
+from lynx_npu.integration.vllm_ascend.config import LynxConnectorConfig  # noqa: E402
+from lynx_npu.integration.vllm_ascend.transports import Senders, make_receiver  # noqa: E402
+from lynx_npu.transport import Receiver, Sender  # noqa: E402
+from lynx_npu.transport.mooncake import unavailable_reason  # noqa: E402
+import lynx_npu  # noqa: E402
+from tests.transport.helpers import make_layers  # noqa: E402
+
+REASON = unavailable_reason()
+
+
+def test_transport_key_defaults_and_validation():
+    c = LynxConnectorConfig.from_vllm("kv_consumer", {"port": 17100})
+    assert (c.transport, c.mooncake_protocol, c.mooncake_host) == ("tcp", "tcp", "127.0.0.1")
+    c = LynxConnectorConfig.from_vllm("kv_consumer", {
+        "transport": "mooncake", "mooncake_protocol": "rdma", "mooncake_host": "10.0.0.3",
+        "mooncake_device": "mlx5_0,mlx5_1", "gbps": 10})
+    m = c.mooncake_config()
+    assert (m.protocol, m.host, m.device_name, m.gbps) == ("rdma", "10.0.0.3", "mlx5_0,mlx5_1",
+                                                           10)
+    assert LynxConnectorConfig.from_vllm(
+        "kv_producer", {"transport": "mooncake"}).mooncake_config().gbps is None
+    for role, extra, match in [
+            ("kv_consumer", {"transport": "lmcache"}, "transport='lmcache' must be one of"),
+            ("kv_consumer", {"transport": "mooncake", "mooncake_host": "node1"},
+             "mooncake_host='node1' must be an IP address"),
+            ("kv_consumer", {"mooncake_protocol": "udp"}, "mooncake_protocol='udp'"),
+            ("kv_consumer", {"mooncake_device": "mlx5 0"}, "mooncake_device='mlx5 0'"),
+            ("kv_producer", {"transport": "mooncake", "gbps": 1},
+             "gbps=1 on the prefill instance: over Mooncake the decode instance reads")]:
+        with pytest.raises(ValueError, match=match):
+            LynxConnectorConfig.from_vllm(role, extra)
+
+
+@pytest.mark.parametrize("transport", [
+    "tcp", pytest.param("mooncake", marks=pytest.mark.skipif(REASON is not None,
+                                                              reason=str(REASON)))])
+def test_workers_transport_carries_a_request(transport):
+    consumer = LynxConnectorConfig.from_vllm("kv_consumer", {"transport": transport})
+    pages = []
+    receiver = make_receiver(consumer, 0, lambda rid, layer, page, stage: pages.append(
+        (rid, layer, page.index, stage)))
+    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer", {"transport": transport}))
+    try:
+        sender = senders.get("127.0.0.1", receiver.port)
+        assert senders.get("127.0.0.1", receiver.port) is sender  # one per decode receiver
+        kinds = {"tcp": (Receiver, Sender)}.get(transport)
+        if kinds is None:
+            from lynx_npu.transport.mooncake import MooncakeReceiver, MooncakeSender
+            kinds = (MooncakeReceiver, MooncakeSender)
+        assert isinstance(receiver, kinds[0]) and isinstance(sender, kinds[1])
+        codec = lynx_npu.get_codec("lynx")  # as declared in the handshake: 256-token pages
+        layers = make_layers(num_layers=2, num_tokens=600)
+        handle = sender.send(77, codec, layers)
+        assert receiver.request(77).residual_ready.wait(30) and handle.wait(30)
+        per_layer = len(codec.encode_pages(*layers[0]))
+        assert per_layer == 3
+        assert sorted(p for p in pages if p[3] == "full") == [
+            (77, layer, i, "full") for layer in range(2) for i in range(per_layer)]
+    finally:
+        senders.close()
+        receiver.close()
