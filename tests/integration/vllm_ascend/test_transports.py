@@ -41,6 +41,21 @@ def test_transport_key_defaults_and_validation():
             LynxConnectorConfig.from_vllm(role, extra)
 
 
+@pytest.mark.parametrize("transport", ["tcp", "mooncake"])
+def test_engine_args_carry_the_transport(transport):
+    """tools/engine_config.py (the demo's engines): the gbps of the link goes to the side that
+    paces it, and both configs parse."""
+    from lynx_npu.integration.vllm_ascend.tools.engine_config import (decode_engine_args,
+                                                                      prefill_engine_args)
+    p = prefill_engine_args("m", peer="127.0.0.1:1", gbps=0.2, transport=transport)
+    d = decode_engine_args("m", port=1, gbps=0.2, transport=transport)
+    p, d = (LynxConnectorConfig.from_vllm(a["kv_transfer_config"]["kv_role"],
+                                          a["kv_transfer_config"]["kv_connector_extra_config"])
+            for a in (p, d))
+    assert p.transport == d.transport == transport
+    assert (p.gbps, d.gbps) == ((0.2, None) if transport == "tcp" else (None, 0.2))
+
+
 @pytest.mark.parametrize("transport", [
     "tcp", pytest.param("mooncake", marks=pytest.mark.skipif(REASON is not None,
                                                               reason=str(REASON)))])
