@@ -105,7 +105,9 @@ class ReceiverConfig:
     max_connections: int = 16            # connections past the handshake; more are refused
     max_handshakes: int = 16             # connections in the handshake; one more closes the
                                          # oldest, so slow handshakes cannot lock senders out
-    max_requests: int = 256              # requests held at once (until released)
+    max_requests: int = 256              # requests in progress that frames opened
+    max_finished_requests: int = 256     # completed or failed ones kept for request() until
+                                         # released; beyond it the oldest is forgotten
     max_request_bytes: int = 8 << 30     # destination KV of one request (all layers, K and V)
     handshake_timeout_s: float = 5.0     # the whole handshake, however slowly bytes come
     idle_timeout_s: float = 60.0         # a connection silent this long is closed (an idle
@@ -124,7 +126,7 @@ class ReceiverConfig:
         for name in ("deadline_s", "handshake_timeout_s", "idle_timeout_s"):
             _positive(name, getattr(self, name))
         for name in ("num_decode_threads", "max_connections", "max_handshakes", "max_requests",
-                     "max_request_bytes"):
+                     "max_finished_requests", "max_request_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive int")

@@ -3,7 +3,9 @@
 A request is described by every one of its frames (codec, layers, tokens, shape); the first
 frame fixes that description and later frames must agree. Pages are identified by
 (layer, page index); a page's token range is fixed by its first frame and may not overlap
-another page's. A frame seen before is a duplicate (acknowledged again, applied never).
+another page's. A frame seen before, with the same range, is a duplicate (acknowledged again,
+applied never); the range is checked first, so a frame that reuses a page id for other tokens
+fails the request instead of passing for a duplicate.
 
 Each page moves through levels 0 (nothing) -> 1 (anchor dequantized) -> 2 (full precision);
 a write only ever raises the level, so a late anchor decode cannot overwrite refined values.
@@ -20,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from ..wire import DTYPES, Frame, Kind
+from ..wire import DTYPES, Frame, Kind, request_kv_bytes
 from .events import StageEvent
 
 OnPage = Callable[[int, int, int, int, torch.Tensor, torch.Tensor, str], None]
@@ -52,6 +54,7 @@ class ReceiveHandle:
         self.request_id = request_id
         self.deadline = deadline
         self.created_at = time.monotonic()
+        self.owner = None  # the sender (session, address) whose frame opened it (RequestTable)
         self.anchor_ready = StageEvent(f"request {request_id} anchor_ready")
         self.residual_ready = StageEvent(f"request {request_id} residual_ready")
         self.k: dict[int, torch.Tensor] = {}
@@ -128,9 +131,9 @@ class ReceiveHandle:
             if kind == Kind.RESIDUAL and not self._two_stream:
                 raise RequestRejected(f"codec {self.codec.name!r} has one stream but a "
                                       f"residual frame arrived (layer {layer}, page {page})")
+            self._check_range(layer, page, frame.token_start, frame.token_end)
             if (kind, layer, page) in self._received:
                 return False
-            self._check_range(layer, page, frame.token_start, frame.token_end)
             self._received.add((kind, layer, page))
             self.arrivals.append((time.monotonic(), kind, layer, page, wire_bytes))
             if not dequantize:
@@ -161,8 +164,8 @@ class ReceiveHandle:
 
     def _describe(self, frame: Frame, meta: tuple, get_codec, max_request_bytes: int) -> None:
         dtype = DTYPES[frame.dtype]
-        kv_bytes = (2 * frame.num_layers * frame.num_tokens * frame.num_kv_heads *
-                    frame.head_dim * dtype.itemsize)
+        kv_bytes = request_kv_bytes(frame.num_layers, frame.num_tokens, frame.num_kv_heads,
+                                    frame.head_dim, dtype.itemsize)
         if kv_bytes > max_request_bytes:
             raise RequestRejected(f"request KV of {kv_bytes} bytes exceeds the receiver's "
                                   f"max_request_bytes={max_request_bytes}")

@@ -6,22 +6,24 @@ cache (lynx_npu.ops.page_serde ``decode_into``).
 
 Threads: one acceptor; per connection, a reader (handshake, read_frame, ACK / NACK / ERROR);
 ``num_decode_threads`` page workers (decode or hand on); one watchdog failing requests whose
-deadline passed.
+deadline passed and freeing the slots of finished ones.
 
 Faults: a payload whose CRC fails is NACKed (the sender resends it); a corrupt or truncated
 header, or any stream error, closes the connection (the sender reconnects and resends what
-was not acknowledged; duplicates are acknowledged and ignored); an incompatible peer (unknown
-version or codec) gets an ERROR naming the field; a request past its deadline fails with
-TransferDeadlineError on every waiter.
+was not acknowledged; duplicates are acknowledged and ignored); a frame of another version
+gets an ERROR naming the field, then the connection is closed; a data frame whose intact
+header breaks a limit (or names an unknown codec) gets an ERROR for its request, which fails,
+and its payload is skipped; a request past its deadline fails with TransferDeadlineError on
+every waiter.
 
 Hostile peers (issue 18): reads allocate what arrived, not what a header announced
 (connection.SocketReader); the whole handshake has a deadline, and slow handshakes are
 evicted oldest first (connection_slots.py); a connection silent for ``idle_timeout_s`` is
-closed.
+closed; finished requests free their slot (request_table.py); a request belongs to the sender
+session that opened it.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import queue
 import select
@@ -31,7 +33,7 @@ import time
 
 from ..codec import codec_from_wire
 from ..ops.page_serde import WirePage
-from ..wire import (DATA_KINDS, HEADER_SIZE, ChecksumError, Frame, Kind, UnknownCodecError,
+from ..wire import (DATA_KINDS, HEADER_SIZE, ChecksumError, FrameFieldError, Frame, Kind,
                     UnsupportedVersionError, WireError, encode_frame, params_from_json)
 from .base import KVReceiver, OnEncoded, SerdeFactory, serde_for
 from .config import ReceiverConfig
@@ -39,9 +41,9 @@ from .connection import FrameSocket, server_handshake
 from .connection_slots import ConnectionSlots
 from .errors import RemoteError, TransferDeadlineError, TransferError, TransportClosed
 from .receive_state import OnPage, PageJob, ReceiveHandle, RequestRejected
+from .request_table import RequestTable
 
 log = logging.getLogger(__name__)
-_RECENT = 4096  # finished request ids remembered, so late duplicates are acknowledged
 _ACK_BATCH = 16
 
 
@@ -69,8 +71,8 @@ class Receiver(KVReceiver):
         self.serde = serde
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._requests: dict[int, ReceiveHandle] = {}
-        self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._requests = RequestTable(config.max_requests, config.max_finished_requests,
+                                      config.deadline_s)
         self._conns = ConnectionSlots(config.max_connections, config.max_handshakes)
         self._codecs: dict[tuple[int, bytes], object] = {}
         self._jobs: queue.SimpleQueue[PageJob | None] = queue.SimpleQueue()
@@ -91,17 +93,11 @@ class Receiver(KVReceiver):
     def request(self, request_id: int, deadline_s: float | None = None) -> ReceiveHandle:
         """The handle of ``request_id``, created now if no frame of it has arrived yet (its
         deadline then counts from this call)."""
-        with self._lock:
-            handle = self._requests.get(request_id)
-            if handle is None:
-                handle = self._new_handle(request_id, deadline_s)
-        return handle
+        return self._requests.claim(request_id, deadline_s)
 
     def release(self, request_id: int) -> None:
         """Forget a request (and drop its KV tensors); late duplicates are still acknowledged."""
-        with self._lock:
-            handle = self._requests.pop(request_id, None)
-            self._remember(request_id)
+        handle = self._requests.release(request_id)
         if handle is not None and not handle.finished:
             handle.fail(TransportClosed(f"request {request_id} was released before completing"))
 
@@ -109,6 +105,12 @@ class Receiver(KVReceiver):
     def num_connections(self) -> int:
         """Connections held now, in the handshake or past it."""
         return len(self._conns.all())
+
+    @property
+    def num_active_requests(self) -> int:
+        """Requests in progress (each takes one of ``max_requests`` slots)."""
+        self._requests.sweep()
+        return self._requests.num_active
 
     def buffered_bytes(self) -> int:
         """Bytes allocated for frames still arriving, over every connection: bounded by what
@@ -120,9 +122,7 @@ class Receiver(KVReceiver):
             return
         self._closed.set()
         self._listener.close()
-        with self._lock:
-            handles = list(self._requests.values())
-        conns = self._conns.all()
+        conns, handles = self._conns.all(), self._requests.handles()
         for conn in conns:
             conn.close()
         for handle in handles:
@@ -144,7 +144,7 @@ class Receiver(KVReceiver):
     def _accept_loop(self) -> None:
         while not self._closed.is_set():
             try:
-                sock, _ = self._listener.accept()
+                sock, address = self._listener.accept()
             except socket.timeout:
                 continue
             except OSError:
@@ -160,18 +160,19 @@ class Receiver(KVReceiver):
                                    f"{self.config.max_connections})", timeout_s=1.0)
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                             name="lynx-recv-conn").start()
+            threading.Thread(target=self._serve, args=(conn, address[0]),
+                             daemon=True, name="lynx-recv-conn").start()
 
-    def _serve(self, conn: FrameSocket) -> None:
+    def _serve(self, conn: FrameSocket, peer: str) -> None:
         acks: list[bytes] = []  # acknowledgements go out in batches (one system call each)
         try:
             with conn.deadline(self.config.handshake_timeout_s):
-                server_handshake(conn, self.config.secret, self.config.compat)
+                sender = server_handshake(conn, self.config.secret, self.config.compat)
             if not self._conns.establish(conn):  # filled meanwhile: the sender reconnects
                 log.warning("closing a connection past its handshake: max_connections=%d",
                             self.config.max_connections)
                 return
+            owner = (sender.session, peer)
             conn.sock.settimeout(self.config.idle_timeout_s)  # per read: silence closes it
             poller = select.poll()
             poller.register(conn.sock, select.POLLIN)
@@ -191,15 +192,23 @@ class Receiver(KVReceiver):
                             page=e.header.page, ref_kind=int(e.header.kind))))
                         continue
                     raise
+                except FrameFieldError as e:
+                    if e.header is None or e.header.kind not in DATA_KINDS:
+                        raise
+                    # An intact header past a limit: refuse its request by id, then skip the
+                    # payload the sender is sending anyway, keeping the connection.
+                    acks.append(encode_frame(self._on_refused(e.header, owner, str(e))))
+                    conn.skip(e.payload_len)
+                    continue
                 if frame.kind not in DATA_KINDS:
                     raise WireError(f"unexpected {frame.kind.name} frame after the handshake")
-                reply = self._on_data(frame)
+                reply = self._on_data(frame, owner)
                 if reply is not None:
                     acks.append(encode_frame(reply))
             if acks:
                 conn.send_many(acks)
-        except (UnsupportedVersionError, UnknownCodecError) as e:
-            self._refuse(conn, str(e))  # an incompatible peer: tell it why
+        except UnsupportedVersionError as e:
+            self._refuse(conn, str(e))  # another frame format: tell it why
         except (OSError, WireError, TransferError) as e:
             if not self._closed.is_set():
                 log.debug("connection closed: %s", e)
@@ -217,18 +226,24 @@ class Receiver(KVReceiver):
             pass
 
     # -- frames -------------------------------------------------------------------------------
-    def _on_data(self, frame: Frame) -> Frame | None:
+    def _on_refused(self, header: Frame, owner, reason: str) -> Frame:
+        """A data frame broke a limit: its request fails here (if this sender owns it) and
+        the sender is told, naming the limit."""
+        rid = header.request_id
+        handle, refusal = self._requests.for_frame(rid, owner)
+        if handle is not None:
+            handle.fail(RemoteError(f"request {rid}: a frame was refused: {reason}"))
+        log.warning("request %d: refusing a frame: %s", rid, refusal or reason)
+        return self._error(rid, refusal or f"frame refused: {reason}")
+
+    def _on_data(self, frame: Frame, owner) -> Frame | None:
         rid = frame.request_id
         ack = Frame(Kind.ACK, rid, layer=frame.layer, page=frame.page, ref_kind=int(frame.kind))
-        with self._lock:
-            handle = self._requests.get(rid)
-            if handle is None:
-                if rid in self._recent:
-                    return ack  # a late duplicate of a released request
-                if len(self._requests) >= self.config.max_requests:
-                    return self._error(rid, f"the receiver holds max_requests="
-                                            f"{self.config.max_requests} requests")
-                handle = self._new_handle(rid, None)
+        handle, refusal = self._requests.for_frame(rid, owner)
+        if refusal is not None:
+            return self._error(rid, refusal)
+        if handle is None:
+            return ack  # a late duplicate of a released request
         if handle.error is not None:
             return self._error(rid, str(handle.error))
         wire_bytes = HEADER_SIZE + len(frame.params) + len(frame.payload)
@@ -259,18 +274,6 @@ class Receiver(KVReceiver):
                     self._codecs.clear()
                 self._codecs[key] = codec
         return codec
-
-    def _new_handle(self, rid: int, deadline_s: float | None) -> ReceiveHandle:
-        """Create and register a handle; the caller holds ``_lock``."""
-        handle = ReceiveHandle(rid, time.monotonic() + (deadline_s or self.config.deadline_s))
-        self._requests[rid] = handle
-        self._recent.pop(rid, None)
-        return handle
-
-    def _remember(self, rid: int) -> None:
-        self._recent[rid] = None
-        while len(self._recent) > _RECENT:
-            self._recent.popitem(last=False)
 
     # -- decoding -------------------------------------------------------------------------------
     def _decode_loop(self) -> None:
@@ -309,10 +312,8 @@ class Receiver(KVReceiver):
     def _watchdog_loop(self) -> None:
         while not self._closed.wait(0.05):
             now = time.monotonic()
-            with self._lock:
-                expired = [h for h in self._requests.values()
-                           if not h.finished and now > h.deadline]
-            for handle in expired:
+            for handle in self._requests.expired(now):  # abandoned: its slot is freed below
                 handle.fail(TransferDeadlineError(
                     f"request {handle.request_id}: deadline passed after "
                     f"{now - handle.created_at:.2f} s ({handle.progress()})"))
+            self._requests.sweep()

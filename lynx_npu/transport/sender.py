@@ -17,9 +17,11 @@ so a transfer resumes by page id with nothing lost or duplicated. A NACK (payloa
 re-queues that one frame. A connection the receiver closed (idle) is opened again only when
 there are frames to send.
 
-Peers: every connection announces one session id. ``Sender()`` retries a handshake cut or
-corrupted in transit (``handshake_attempts``), then raises HandshakeError; a refusal
-(authentication, compatibility) is raised at once.
+Peers: every connection announces one session id (the receiver binds the sender's requests
+to it); the receiver announces its limits, and a request it would refuse is refused here
+before any of it is sent (send() raises, or the request fails naming the limit). ``Sender()``
+retries a handshake cut or corrupted in transit (``handshake_attempts``), then raises
+HandshakeError; a refusal (authentication, compatibility) is raised at once.
 """
 from __future__ import annotations
 
@@ -36,8 +38,8 @@ import torch
 
 from ..codec import EncodedPage, wire_params
 from ..ops.page_serde import EncodedLayer, WirePage, wire_pages
-from ..wire import (DATA_KINDS, DTYPE_CODES, Frame, Kind, WireError, pack_header,
-                    params_to_json)
+from ..wire import (DATA_KINDS, DTYPE_CODES, Frame, Kind, ReceiveLimits, WireError,
+                    pack_header, params_to_json)
 from ..wire.limits import DEFAULT_LIMITS
 from .base import KVSender, SerdeFactory, serde_for
 from .config import SenderConfig
@@ -138,12 +140,14 @@ class _Link:
         conn = FrameSocket(sock, DEFAULT_LIMITS, self.sender.limiter, cfg.chunk_bytes)
         try:
             with conn.deadline(cfg.connect_timeout_s):
-                client_handshake(conn, cfg.secret, self.sender.compat)
+                receiver = client_handshake(conn, cfg.secret, self.sender.compat)
         except BaseException:
             conn.close()
             raise
         sock.settimeout(None)
         with self.sender._lock:
+            if receiver.limits is not None:
+                self.sender.receiver_limits = receiver.limits
             self.generation += 1
             self.conn = conn
             gen = self.generation
@@ -237,6 +241,8 @@ class Sender(KVSender):
         # One session for every connection: the receiver binds this sender's requests to it.
         self.session = new_session()
         self.compat = dataclasses.replace(config.compat, session=self.session)
+        # The receiver's limits, from its handshake (None: it announced none).
+        self.receiver_limits: ReceiveLimits | None = None
         self._serdes: dict = {}
         self.limiter = (TokenBucket(config.gbps, config.burst_bytes, config.early_s)
                         if config.gbps else None)
@@ -357,9 +363,16 @@ class Sender(KVSender):
         if dtype not in DTYPE_CODES:
             raise ValueError(f"{dtype=} must be one of {list(DTYPE_CODES)}")
         self.config.compat.check_declared(codec)  # the receiver agreed to these codecs only
-        return dict(num_layers=num_layers, num_tokens=int(num_tokens), codec_id=codec.codec_id,
+        meta = dict(num_layers=num_layers, num_tokens=int(num_tokens), codec_id=codec.codec_id,
                     dtype=DTYPE_CODES[dtype], num_kv_heads=int(num_kv_heads),
                     head_dim=int(head_dim), params=params_to_json(wire_params(codec)))
+        limits = self.receiver_limits
+        refusal = limits and limits.request_refusal(
+            num_layers, meta["num_tokens"], meta["num_kv_heads"], meta["head_dim"],
+            dtype.itemsize, len(meta["params"]))
+        if refusal:  # the receiver would refuse it: say so now, send nothing
+            raise ValueError(f"the receiver would refuse this request: {refusal}")
+        return meta
 
     def _submit(self, request_id, meta, layer_pages, deadline_s) -> SendHandle:
         if not isinstance(request_id, int) or not 0 <= request_id < 2**64:
@@ -411,12 +424,20 @@ class Sender(KVSender):
             self._check_progress(handle)
 
     def _enqueue_layer(self, handle: SendHandle, meta: dict, layer: int, pages, kinds) -> None:
-        out = []
+        out, limits = [], self.receiver_limits
         for page in pages:
             for kind, data in ((Kind.ANCHOR, page.anchor), (Kind.RESIDUAL, page.residual)):
                 if data is None or kind not in kinds:
                     continue
                 payload = memoryview(data).cast("B")  # host bytes (the serde staged them)
+                refusal = limits and limits.page_refusal(
+                    page.token_end - page.token_start, meta["num_kv_heads"],
+                    meta["head_dim"], payload.nbytes)
+                if refusal:  # the receiver would refuse it: fail now, not by the deadline
+                    self._fail(handle, TransferError(
+                        f"request {handle.request_id}: layer {layer} page {page.index} "
+                        f"{kind.name.lower()}: {refusal}"))
+                    return
                 frame = Frame(kind, handle.request_id, layer, meta["num_layers"], page.index,
                               page.token_start, page.token_end, meta["num_tokens"],
                               meta["codec_id"], meta["dtype"], 0, meta["num_kv_heads"],

@@ -46,7 +46,7 @@ def test_unauthenticated_peer_cannot_send_data():
         assert b"authentication failed" in bytes(reply.payload)
         assert sock.recv(1) == b""  # then closed
         conn.close()
-    assert not r._requests
+    assert not r._requests.handles()
 
 
 def test_secret_must_be_long_enough():

@@ -57,7 +57,7 @@ def test_headers_announcing_64_MiB_hold_only_what_arrived_and_idle_peers_are_clo
         assert grown < 4 * MiB, grown          # every Python allocation on every thread
         assert r.num_connections == 16         # every slot taken...
         _until(lambda: r.num_connections == 0)  # ...until the idle timeout frees them all
-        assert 0.95 < time.monotonic() - sent_at < 3.0
+        assert 0.95 < time.monotonic() - sent_at < 5.0
         assert r.buffered_bytes() == 0
         for peer in peers:
             assert peer.sock.recv(1) == b""
@@ -92,7 +92,7 @@ def test_an_idle_sender_is_closed_and_reconnects_when_it_has_frames():
         time.sleep(0.5)
         assert r.num_connections == 0           # and not reopened while there is nothing
         layers = make_layers(2, 100, seed=3)
-        assert s.send(2, codec, layers).wait(WAIT)
+        assert s.send(2, codec, layers).wait(WAIT) and r.request(2).wait(WAIT)
         assert_kv_equal(r.request(2), expected_kv(codec, layers))
 
 
@@ -132,7 +132,7 @@ def test_a_dripped_handshake_is_closed_at_its_total_deadline():
         dripper.start()
         try:
             _until(lambda: r.num_connections == 0, timeout_s=5)
-            assert 0.9 < time.monotonic() - start < 2.0
+            assert 0.95 < time.monotonic() - start < 4.0
             assert _closed(sock)
         finally:
             stop.set()
@@ -144,7 +144,7 @@ def test_slow_handshakes_cannot_lock_an_authenticated_sender_out():
     """16 connections drip their handshakes (max_handshakes=16): an authenticated sender
     still connects at once (the oldest drip is evicted) and transfers; the drips are all
     closed by their deadline although they keep dripping."""
-    cfg = ReceiverConfig(secret=SECRET, handshake_timeout_s=2.0, max_handshakes=16)
+    cfg = ReceiverConfig(secret=SECRET, handshake_timeout_s=4.0, max_handshakes=16)
     with Receiver(cfg) as r:
         socks = [socket.create_connection(("127.0.0.1", r.port), timeout=10) for _ in range(16)]
         stop = threading.Event()
@@ -155,12 +155,12 @@ def test_slow_handshakes_cannot_lock_an_authenticated_sender_out():
             start = time.monotonic()
             codec, layers = small_codec("int8"), make_layers(2, 150)
             with Sender(SenderConfig(port=r.port, secret=SECRET)) as s:
-                assert time.monotonic() - start < 1.0  # well before any deadline freed a slot
+                assert time.monotonic() - start < 3.0  # before any deadline freed a slot
                 assert s.send(1, codec, layers).wait(WAIT)
                 handle = r.request(1)
                 assert handle.wait(WAIT)
                 assert_kv_equal(handle, expected_kv(codec, layers))
-                _until(lambda: r.num_connections == 1, timeout_s=5)  # only the sender's
+                _until(lambda: r.num_connections == 1, timeout_s=10)  # only the sender's
             assert sum(_closed(sock) for sock in socks) == 16
         finally:
             stop.set()

@@ -118,8 +118,14 @@ def test_contradicting_frames_fail_the_request_on_both_sides():
 
 
 def test_receiver_refuses_requests_larger_than_its_bound():
+    """The sender knows the receiver's bound from the handshake and refuses at send(); one
+    that does not (its limits forgotten here) is refused by the receiver, on both sides."""
     codec = small_codec("bf16")
     with pair(receiver_kw={"max_request_bytes": 1000}) as (receiver, sender, _):
+        with pytest.raises(ValueError, match="would refuse this request: request KV of 8192 "
+                                             "bytes exceeds the receiver's max_request_bytes"):
+            sender.send(1, codec, make_layers(1, 64))
+        sender.receiver_limits = None
         sent = sender.send(1, codec, make_layers(1, 64))
         with pytest.raises(RemoteError, match="max_request_bytes"):
             sent.wait(WAIT)

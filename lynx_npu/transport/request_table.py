@@ -1,0 +1,116 @@
+"""The receiver's requests by id (plain Python plus the handles).
+
+A request is *active* until it completes or fails, then *finished*. Only active requests take
+one of ``max_requests`` slots, so requests that failed (refused frames, a passed deadline: an
+abandoned request) or completed free theirs at once; finished ones are kept, up to
+``max_finished``, for ``request()`` to return until they are released, the oldest forgotten
+first. Ids released or forgotten are remembered a while so that late duplicates are
+acknowledged instead of opening a new request.
+
+Every request belongs to the sender that sent its first frame: its ``owner``, the session its
+connection announced in the handshake and the peer's address. Frames of the id from any other
+owner are refused and leave the request untouched, so a second sender (or a peer guessing
+ids) cannot write into a transfer that another opened.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Hashable
+
+from .receive_state import ReceiveHandle
+
+_RECENT = 4096  # released or forgotten ids remembered, so late duplicates are acknowledged
+
+
+class RequestTable:
+    def __init__(self, max_requests: int, max_finished: int, deadline_s: float):
+        self.max_requests = max_requests
+        self.max_finished = max_finished
+        self.deadline_s = deadline_s
+        self._lock = threading.Lock()
+        self._active: dict[int, ReceiveHandle] = {}
+        self._finished: collections.OrderedDict[int, ReceiveHandle] = collections.OrderedDict()
+        self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+    # -- the receiver's API ---------------------------------------------------------------------
+    def claim(self, rid: int, deadline_s: float | None = None) -> ReceiveHandle:
+        """``rid``'s handle, created now if no frame of it came (the local consumer asks:
+        not bounded by max_requests; its deadline counts from now)."""
+        with self._lock:
+            handle = self._active.get(rid) or self._finished.get(rid)
+            if handle is None:
+                handle = self._open(rid, deadline_s)
+            return handle
+
+    def release(self, rid: int) -> ReceiveHandle | None:
+        with self._lock:
+            handle = self._active.pop(rid, None) or self._finished.pop(rid, None)
+            self._remember(rid)
+            return handle
+
+    # -- frames ---------------------------------------------------------------------------------
+    def for_frame(self, rid: int, owner: Hashable) -> tuple[ReceiveHandle | None, str | None]:
+        """Where a data frame of ``rid`` from ``owner`` goes: (handle, None); (None, None) for
+        a late duplicate of a released request (acknowledge it); (None, reason) if refused."""
+        with self._lock:
+            handle = self._active.get(rid) or self._finished.get(rid)
+            if handle is None:
+                if rid in self._recent:
+                    return None, None
+                if len(self._active) >= self.max_requests:
+                    self._sweep()
+                    if len(self._active) >= self.max_requests:
+                        return None, (f"the receiver holds max_requests={self.max_requests} "
+                                      f"requests in progress")
+                handle = self._open(rid, None)
+            if handle.owner is None:
+                handle.owner = owner  # the first frame binds the request to its sender
+            elif handle.owner != owner:
+                return None, (f"request {rid} belongs to another sender session; frames of it "
+                              f"from this one are refused")
+            return handle, None
+
+    # -- upkeep (the watchdog) ------------------------------------------------------------------
+    def sweep(self) -> None:
+        """Free the slots of requests that completed or failed."""
+        with self._lock:
+            self._sweep()
+
+    def expired(self, now: float) -> list[ReceiveHandle]:
+        with self._lock:
+            return [h for h in self._active.values() if not h.finished and now > h.deadline]
+
+    def handles(self) -> list[ReceiveHandle]:
+        with self._lock:
+            return [*self._active.values(), *self._finished.values()]
+
+    @property
+    def num_active(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    @property
+    def num_finished(self) -> int:
+        with self._lock:
+            return len(self._finished)
+
+    # -- internals (the caller holds _lock) -----------------------------------------------------
+    def _open(self, rid: int, deadline_s: float | None) -> ReceiveHandle:
+        handle = ReceiveHandle(rid, time.monotonic() + (deadline_s or self.deadline_s))
+        self._active[rid] = handle
+        self._recent.pop(rid, None)
+        return handle
+
+    def _sweep(self) -> None:
+        for rid in [rid for rid, h in self._active.items() if h.finished]:
+            self._finished[rid] = self._active.pop(rid)
+        while len(self._finished) > self.max_finished:
+            rid, _ = self._finished.popitem(last=False)
+            self._remember(rid)
+
+    def _remember(self, rid: int) -> None:
+        self._recent[rid] = None
+        while len(self._recent) > _RECENT:
+            self._recent.popitem(last=False)
