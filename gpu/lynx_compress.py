@@ -228,6 +228,19 @@ def _pack_store(f, b8_ptr, w_ptr, off, grp, gmask, BITS: tl.constexpr, WORDS: tl
 
 
 @triton.jit
+def _load_offsets(ptr):
+    """The int64 row offsets at ``ptr``, in ``ptr``'s own layout: tl.load is given a layout of
+    its own by Triton's coalescing pass, and the offsets then went to the rows' layout through
+    shared memory, with barriers, at every step (H100, paged request: 18% of the time); an
+    inline-PTX load keeps the layout (the offsets are read-only: .nc)."""
+    if INTERPRET:
+        return tl.load(ptr)
+    else:
+        return tl.inline_asm_elementwise("ld.global.nc.b64 $0, [$1];", "=l,l", [ptr],
+                                         dtype=tl.int64, is_pure=True, pack=1)
+
+
+@triton.jit
 def _row(s_t, rows_ptr, tok, PAGED: tl.constexpr):
     """Element offset of token ``tok``'s row from ``xh``: tok * s_t, or in a paged cache
     (PAGED > 0) the offset the launcher computed from the slot mapping: the gather fused into
@@ -235,7 +248,7 @@ def _row(s_t, rows_ptr, tok, PAGED: tl.constexpr):
     row offset: without that hint a loaded offset hides the rows' alignment and the loads are
     not vectorized (H100: half the bandwidth)."""
     if PAGED:
-        r = tl.load(rows_ptr + tok)
+        r = _load_offsets(rows_ptr + tok)
         if PAGED > 1:
             r = tl.multiple_of(r, PAGED)
         return r
@@ -251,7 +264,14 @@ def _preview(v, ptab_ptr, ROW: tl.constexpr, mask):
     row holds its chunk's statistics, one in GC stores them, and an unmasked lookup per row
     doubled the load instructions of a step."""
     bits = v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    return tl.load(ptab_ptr + ROW * 65536 + bits, mask=mask, other=0)
+    ptr = ptab_ptr + ROW * 65536 + bits
+    if INTERPRET:
+        return tl.load(ptr, mask=mask, other=0)
+    else:  # in the stores' layout (tl.load's own meant two shared-memory conversions)
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.nc.u8 $0, [$1]; }",
+            "=r,l,r", [ptr, mask.to(tl.int32)], dtype=tl.int32, is_pure=True,
+            pack=1).to(tl.uint8)
 
 
 @triton.jit
@@ -281,7 +301,7 @@ def _load_step(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, NAN: tl.constexpr,
     if WORDS:
         tok = body0 + tl.minimum(tr, tp - 1)
         if PAGED:
-            rw = tl.load(rows_ptr + tok) // 2
+            rw = _load_offsets(rows_ptr + tok) >> 1  # even (WORDS): // 2, no sign fix-up
             if PAGED > 3:
                 rw = tl.multiple_of(rw, PAGED // 2)
         else:
