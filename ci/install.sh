@@ -34,7 +34,9 @@ if [ "${LYNX_SKIP_VLLM:-0}" != 1 ]; then
   python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('torch', torch.__version__)"
-bash ci/install_mooncake.sh
+# A machine that can reach no Debian mirror still installs the rest: the Mooncake tests then
+# skip, naming why (the engine does not import).
+bash ci/install_mooncake.sh || echo "ci/install.sh: the Mooncake engine is not usable here" >&2
 
 if [ "${LYNX_SKIP_VLLM:-0}" = 1 ] || [ "${LYNX_VLLM023:-1}" != 1 ]; then
   exit 0
