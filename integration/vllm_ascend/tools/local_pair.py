@@ -49,6 +49,7 @@ class PairConfig:
     kv_cache_bytes: int = 512 << 20
     max_model_len: int = 8192
     max_num_seqs: int = 8              # requests each instance runs at once
+    tensor_parallel_size: int = 1      # of each instance (decode rank r listens on port + r)
     # The KV crosses the link as 16-bit values, as in a bf16 deployment (the engines compute in
     # float32 only for the reason above); the codecs' scalars are then 16-bit too.
     wire_dtype: str | None = "bfloat16"
@@ -60,6 +61,8 @@ class PairConfig:
             raise ValueError(f"{self.kv_cache_bytes=} must be at least 16 MiB")
         if self.max_num_seqs < 1:
             raise ValueError(f"{self.max_num_seqs=} must be >= 1")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"{self.tensor_parallel_size=} must be >= 1")
 
 
 @dataclass
@@ -99,7 +102,8 @@ class LocalPair:
         self.port = free_port()
         common = dict(dtype=config.dtype, kv_cache_memory_bytes=config.kv_cache_bytes,
                       max_model_len=config.max_model_len, enforce_eager=True, seed=0,
-                      max_num_seqs=config.max_num_seqs, disable_log_stats=True)
+                      max_num_seqs=config.max_num_seqs, disable_log_stats=True,
+                      tensor_parallel_size=config.tensor_parallel_size)
         t0 = time.monotonic()
         log(f"[lynx] starting the decode instance (receiver on 127.0.0.1:{self.port}) ...")
         self.decode = LLM(**decode_engine_args(config.model, port=self.port,
