@@ -76,6 +76,8 @@ def test_traits_match_the_installed_vllm():
         is t.hash_block_size
     assert ("self.spec_decode_metrics" in inspect.getsource(Request.__init__)) \
         is t.request_spec_metrics
+    from vllm.platforms.interface import Platform
+    assert hasattr(Platform, "register_triton_kernel_overrides") is t.cpu_kernel_registry
     # What both releases share, which the plug-in relies on without a difference entry.
     for name in ("make_spec_decoding_stats", "update_draft_token_ids", "_preempt_request"):
         assert hasattr(Scheduler, name)
