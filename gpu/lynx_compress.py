@@ -228,27 +228,16 @@ def _pack_store(f, b8_ptr, w_ptr, off, grp, gmask, BITS: tl.constexpr, WORDS: tl
 
 
 @triton.jit
-def _load_offsets(ptr):
-    """The int64 row offsets at ``ptr``, in ``ptr``'s own layout: tl.load is given a layout of
-    its own by Triton's coalescing pass, and the offsets then went to the rows' layout through
-    shared memory, with barriers, at every step (H100, paged request: 18% of the time); an
-    inline-PTX load keeps the layout (the offsets are read-only: .nc)."""
-    if INTERPRET:
-        return tl.load(ptr)
-    else:
-        return tl.inline_asm_elementwise("ld.global.nc.b64 $0, [$1];", "=l,l", [ptr],
-                                         dtype=tl.int64, is_pure=True, pack=1)
-
-
-@triton.jit
 def _row(s_t, rows_ptr, tok, PAGED: tl.constexpr):
     """Element offset of token ``tok``'s row from ``xh``: tok * s_t, or in a paged cache
     (PAGED > 0) the offset the launcher computed from the slot mapping: the gather fused into
     the load (ops/paged_cache.py ``row_offsets``). PAGED is then a power of two dividing every
     row offset: without that hint a loaded offset hides the rows' alignment and the loads are
-    not vectorized (H100: half the bandwidth)."""
+    not vectorized (H100: half the bandwidth). tl.load gives the offsets a layout of its own
+    (a shared-memory conversion per step); loading them in the rows' layout through inline PTX
+    (ld.global.nc) removed it but was slower on the H100 (docs/benchmarks.md, 2026-11-25)."""
     if PAGED:
-        r = _load_offsets(rows_ptr + tok)
+        r = tl.load(rows_ptr + tok)
         if PAGED > 1:
             r = tl.multiple_of(r, PAGED)
         return r
@@ -301,7 +290,7 @@ def _load_step(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, NAN: tl.constexpr,
     if WORDS:
         tok = body0 + tl.minimum(tr, tp - 1)
         if PAGED:
-            rw = _load_offsets(rows_ptr + tok) >> 1  # even (WORDS): // 2, no sign fix-up
+            rw = tl.load(rows_ptr + tok) >> 1  # even (WORDS): // 2 without a sign fix-up
             if PAGED > 3:
                 rw = tl.multiple_of(rw, PAGED // 2)
         else:
