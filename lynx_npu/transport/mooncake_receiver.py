@@ -128,7 +128,9 @@ class MooncakeReceiver(KVReceiver):
         self._own_engine = not isinstance(engine, MooncakeEngine)
         self.engine = MooncakeEngine(engine) if self._own_engine else engine
         opts = self.engine.config
-        self.limiter = TokenBucket(opts.gbps, opts.batch_bytes) if opts.gbps else None
+        # The default burst (64 KiB), not a batch: a batch's bytes are booked on the emulated
+        # link before it is read, and an idle link earns no credit (mark_idle in _fetch_loop).
+        self.limiter = TokenBucket(opts.gbps) if opts.gbps else None
         self._staging, self._staging_addr = self.engine.buffer(opts.batch_bytes)
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -316,6 +318,8 @@ class MooncakeReceiver(KVReceiver):
     # -- reads ------------------------------------------------------------------------------------
     def _fetch_loop(self) -> None:
         while True:
+            if self.limiter is not None and not len(self._fetches):
+                self.limiter.mark_idle()
             batch = self._fetches.take(self.engine.config.batch_bytes)
             if batch is None:
                 return

@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gbps", type=number_in(0, 1e5, low_open=True), default=0.2,
                         help="emulated prefill->decode link rate in Gbit/s (default 0.2: the "
                              "transfer dominates on this small model)")
+    parser.add_argument("--transport", choices=("tcp", "mooncake"), default="tcp",
+                        help="the KV transport between the instances: the embedded TCP split "
+                             "stream (default) or the Mooncake transfer engine (docs/deploy.md)")
     parser.add_argument("--prompts", type=int_in(1, 1000), default=3,
                         help="QMSum prompts (default 3)")
     parser.add_argument("--prompt-tokens", type=int_in(1, 32768), default=1536,
@@ -64,7 +67,8 @@ def _main(args, modes: list[str]) -> int:
     say = _printer(t_start)
     configure_cpu_threads()
     model = str(ensure_model_dir(args.model_dir, log=say))
-    pair = LocalPair(PairConfig(model, gbps=args.gbps, max_drafts=args.max_drafts,
+    pair = LocalPair(PairConfig(model, gbps=args.gbps, transport=args.transport,
+                                max_drafts=args.max_drafts,
                                 max_model_len=max(4096, args.prompt_tokens + args.max_tokens
                                                   + 256)), log=say)
     try:

@@ -36,10 +36,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+TRANSPORTS = ("tcp", "mooncake")
+
+
 @dataclass(frozen=True)
 class PairConfig:
     model: str
     gbps: float | None = 1.0           # emulated link rate, prefill -> decode
+    transport: str = "tcp"             # "tcp" (the embedded split stream) or "mooncake"
     max_drafts: int = 64
     residual_timeout_s: float = 30.0
     # float32 on CPU: vLLM-CPU's bf16 kernels compute a position differently in a multi-token
@@ -57,6 +61,8 @@ class PairConfig:
     def __post_init__(self):
         if self.gbps is not None and not self.gbps > 0:
             raise ValueError(f"{self.gbps=} must be > 0 or None")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"{self.transport=} must be one of {TRANSPORTS}")
         if self.kv_cache_bytes < 16 << 20:
             raise ValueError(f"{self.kv_cache_bytes=} must be at least 16 MiB")
         if self.max_num_seqs < 1:
@@ -109,10 +115,12 @@ class LocalPair:
         self.decode = LLM(**decode_engine_args(config.model, port=self.port,
                                                max_drafts=config.max_drafts,
                                                residual_timeout_s=config.residual_timeout_s,
+                                               transport=config.transport, gbps=config.gbps,
                                                **common))
-        log(f"[lynx] starting the prefill instance (link {config.gbps} Gbps) ...")
+        log(f"[lynx] starting the prefill instance (link {config.gbps} Gbps over "
+            f"{config.transport}) ...")
         self.prefill = LLM(**prefill_engine_args(config.model, peer=f"127.0.0.1:{self.port}",
-                                                 gbps=config.gbps,
+                                                 gbps=config.gbps, transport=config.transport,
                                                  wire_dtype=config.wire_dtype, **common))
         log(f"[lynx] both instances up in {time.monotonic() - t0:.0f} s")
         self.tokenizer = self.prefill.get_tokenizer()
