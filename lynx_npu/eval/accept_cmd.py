@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import sys
 import time
 
@@ -217,13 +218,20 @@ def run(args: argparse.Namespace) -> int:
     report["total_s"] = time.perf_counter() - t_start
     print(format_tables(report))
     if args.json_path:
-        pathlib.Path(args.json_path).write_text(json.dumps(report, indent=1) + "\n")
+        pathlib.Path(args.json_path).write_text(to_json(report))
         log(f"wrote {args.json_path}")
     if args.png:
         plot_accept(report, pathlib.Path(args.png))
         log(f"wrote {args.png}")
     log(f"done in {report['total_s']:.0f} s")
     return 0
+
+
+def to_json(report: dict) -> str:
+    """Indented JSON with every list of numbers (curves, lengths, token ids) on one line."""
+    text = json.dumps(report, indent=1)
+    return re.sub(r"\[\s*([-+\d.eE,\s]+?)\s*\]",
+                  lambda m: "[" + " ".join(m.group(1).split()) + "]", text) + "\n"
 
 
 def _weighted(values: list[float], weights: list[int]) -> float:
@@ -293,7 +301,7 @@ def plot_accept(report: dict, path: pathlib.Path) -> None:
         ax.set_xlim(1, max(2, report["new_tokens"]))
         ax.set_ylim(0, 1.02)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6.5, loc="lower left")
+        ax.legend(fontsize=6.5, loc="center right", framealpha=0.85)
     axes[0][0].set_ylabel("P(accepted >= k)")
     fig.suptitle(f"{report['model']}: {report['new_tokens']} greedy drafts on each codec's "
                  f"prompt KV, verified greedily", fontsize=10)

@@ -11,7 +11,7 @@ import lynx_npu
 from lynx_npu.cli import main as lynx_main
 from lynx_npu.codec import Codec
 from lynx_npu.eval import accept
-from lynx_npu.eval.accept_cmd import format_tables, mmlu_pro_prompts, plot_accept
+from lynx_npu.eval.accept_cmd import format_tables, mmlu_pro_prompts, plot_accept, to_json
 
 pytest.importorskip("transformers")
 N = 12
@@ -212,6 +212,8 @@ def test_report_renders_as_tables_and_a_curve(tmp_path):
     text = format_tables(report)
     assert "lynx anchor -> full      4.700    2.50        -        -      0.50" in text
     assert text.splitlines()[-1].split() == ["3", "0.50"]
+    assert json.loads(to_json(report)) == report
+    assert '"p_at_least": [1.0, 1.0, 0.5]' in to_json(report)
     plot_accept(report, tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
