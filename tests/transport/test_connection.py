@@ -131,6 +131,7 @@ def test_a_dripped_handshake_is_closed_at_its_total_deadline():
         dripper = threading.Thread(target=_drip, args=([sock], stop, 0.3), daemon=True)
         dripper.start()
         try:
+            _until(lambda: r.num_connections == 1)  # accepted (else 0 is read before it is)
             _until(lambda: r.num_connections == 0, timeout_s=5)
             assert 0.95 < time.monotonic() - start < 4.0
             assert _closed(sock)
