@@ -7,11 +7,14 @@ fields) and applies, per data frame, an action chosen by ``plan(conn_no, frame_n
     delay            sleep DELAY_S, then forward
     reorder          hold the frame and forward it after the next one
     drop_frame       swallow the frame silently (the sender's retransmit timer recovers it)
+    duplicate        forward the frame twice (the receiver acknowledges both, applies it once)
     corrupt_payload  flip one payload bit (the receiver NACKs, the sender resends)
     corrupt_header   flip one header/params bit (the receiver drops the connection)
     truncate         forward half the frame, then cut both directions
     drop_conn        cut both directions before the frame
 
+``by_frame(conn_no, key)`` instead chooses by the frame's key, (request, kind, layer, page), so
+a test can fault chosen frames of chosen requests, e.g. each first transmission only.
 Receiver->sender bytes (ACK/NACK/ERROR) are forwarded as they come. Every socket has a
 timeout and every thread ends when either side closes, so a test cannot hang on the proxy.
 """
@@ -29,9 +32,13 @@ from lynx_npu.wire import HEADER_SIZE, Kind
 DELAY_S = 0.05
 ACTIONS = ("delay", "reorder", "drop_frame", "corrupt_payload", "corrupt_header", "truncate",
            "drop_conn")
+ALL_ACTIONS = ACTIONS + ("duplicate",)  # ACTIONS is what test_mooncake.py parametrizes over
 _LENGTHS = struct.Struct("<HI")  # params_len, payload_len at offset 44
+_KEY = struct.Struct("<QHHI")    # request_id, layer, num_layers, page at offset 8
 
 Plan = Callable[[int, int, int], str]
+Key = tuple[int, int, int, int]  # (request_id, kind, layer, page)
+ByFrame = Callable[[int, Key], str]
 
 
 def random_plan(seed: int, p: float = 0.15, max_cuts: int = 3) -> Plan:
@@ -53,10 +60,14 @@ def random_plan(seed: int, p: float = 0.15, max_cuts: int = 3) -> Plan:
 
 
 class FaultProxy:
-    def __init__(self, target_port: int, plan: Plan):
+    def __init__(self, target_port: int, plan: Plan | None = None, *,
+                 by_frame: ByFrame | None = None):
+        if (plan is None) == (by_frame is None):
+            raise ValueError("give plan or by_frame")
         self.target_port = target_port
         self.plan = plan
-        self.log: list[tuple[int, int, int, str]] = []  # (conn, frame, kind, action)
+        self.by_frame = by_frame
+        self.log: list[tuple[int, int, int, int, str]] = []  # (conn, frame, kind, rid, action)
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._socks: list[socket.socket] = []
@@ -70,6 +81,11 @@ class FaultProxy:
     def actions(self) -> list[str]:
         with self._lock:
             return [a for *_, a in self.log if a != "pass"]
+
+    def faulted(self) -> list[tuple[int, str]]:
+        """(request id, action) of every fault injected, in order."""
+        with self._lock:
+            return [(rid, a) for *_, rid, a in self.log if a != "pass"]
 
     def close(self) -> None:
         self._closed.set()
@@ -139,9 +155,13 @@ class FaultProxy:
                 if kind not in (Kind.ANCHOR, Kind.RESIDUAL):
                     dst.sendall(frame)  # handshake frames pass untouched
                     continue
-                action = self.plan(conn_no, frame_no, kind)
+                rid, layer, _, page = _KEY.unpack_from(header, 8)
+                if self.by_frame is not None:
+                    action = self.by_frame(conn_no, (rid, kind, layer, page))
+                else:
+                    action = self.plan(conn_no, frame_no, kind)
                 with self._lock:
-                    self.log.append((conn_no, frame_no, kind, action))
+                    self.log.append((conn_no, frame_no, kind, rid, action))
                 frame_no += 1
                 if action == "drop_conn":
                     break
@@ -154,6 +174,8 @@ class FaultProxy:
                     frame[HEADER_SIZE + params_len + (frame_no * 7) % payload_len] ^= 0x04
                 elif action == "corrupt_header":
                     frame[8 + (frame_no * 5) % (HEADER_SIZE - 8 + params_len)] ^= 0x01
+                elif action == "duplicate":
+                    dst.sendall(frame)
                 elif action == "delay":
                     time.sleep(DELAY_S)
                 elif action == "reorder" and held is None:

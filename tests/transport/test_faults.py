@@ -1,13 +1,21 @@
 """Faults between sender and receiver (tests/transport/fault_proxy.py): every request either
-arrives bit-identical, with no page lost or applied twice, or fails with a clear error."""
+arrives bit-identical, with no page lost or applied twice, or fails with a clear error.
+
+The adversarial part (issue 18): every fault kind of the proxy on 20 transfers running
+concurrently over one sender, one fault in each transfer, all bit-identical; and transfers that
+cannot finish beside ones that can: the first fail by their deadline on both sides, naming
+what arrived, while the others complete."""
+import random
 import socket
+import threading
+import time
 
 import pytest
 
 from lynx_npu.transport import TransferDeadlineError
 from lynx_npu.wire import Frame, Kind, decode_frame, encode_frame
 
-from .fault_proxy import ACTIONS, FaultProxy, random_plan
+from .fault_proxy import ACTIONS, ALL_ACTIONS, FaultProxy, random_plan
 from .helpers import assert_kv_equal, expected_kv, make_layers, pair, small_codec
 
 WAIT = 30
@@ -35,7 +43,7 @@ def _transfer_through(plan, sender_kw=None, num_layers=3, num_tokens=300, reques
         return proxy.actions()
 
 
-@pytest.mark.parametrize("action", ACTIONS)
+@pytest.mark.parametrize("action", ALL_ACTIONS)
 def test_each_fault_alone_is_recovered(action):
     """The fault hits data frame 3 of the first connection (an anchor, mid-request)."""
     def plan(conn_no, frame_no, kind):
@@ -85,3 +93,94 @@ def test_unsupported_version_gets_an_error_naming_the_field():
         conn.close()
     assert reply.kind == Kind.ERROR and b"'version'" in bytes(reply.payload)
     assert decode_frame(encode_frame(reply)).kind == Kind.ERROR
+
+
+# -- the adversarial suite: >= 20 transfers per fault kind, concurrent over one sender --------
+N_TRANSFERS = 20
+
+
+def _one_fault_per_request(action: str, frames_per_request: int, seed: int = 0):
+    """A by_frame plan: in every request, the first transmission of one frame (chosen at
+    random: anchor or residual, any layer and page) gets ``action``; everything else, and
+    every retransmission, passes."""
+    rng, seen, lock = random.Random(seed), set(), threading.Lock()
+    chosen: dict[int, int] = {}  # rid -> index of its faulted frame in order of first sight
+    counts: dict[int, int] = {}
+
+    def by_frame(conn_no, key):
+        rid = key[0]
+        with lock:
+            if key in seen:
+                return "pass"
+            seen.add(key)
+            index = counts.get(rid, 0)
+            counts[rid] = index + 1
+            target = chosen.setdefault(rid, rng.randrange(frames_per_request))
+        return action if index == target else "pass"
+
+    return by_frame
+
+
+@pytest.mark.parametrize("action", ALL_ACTIONS)
+def test_twenty_concurrent_transfers_under_each_fault_are_bit_identical(action):
+    """20 requests (2 layers x 192 tokens, pages of 64: 12 frames each) sent at once over one
+    sender with two connections; one frame of every request is faulted. Every request arrives
+    bit-identical to codec.decode_page of its pages, every frame once, none applied twice."""
+    codec = small_codec("lynx")
+    data = {rid: make_layers(2, 192, seed=rid) for rid in range(1, N_TRANSFERS + 1)}
+    frames_per_request = 2 * 3 * 2
+    proxy_of = lambda port: FaultProxy(  # noqa: E731
+        port, by_frame=_one_fault_per_request(action, frames_per_request))
+    with pair(sender_kw={**FAST, "num_connections": 2}, via=proxy_of) as (receiver, sender,
+                                                                          proxy):
+        sends = {rid: sender.send(rid, codec, layers) for rid, layers in data.items()}
+        for rid, layers in data.items():
+            handle = receiver.request(rid)
+            assert handle.wait(WAIT), f"request {rid}"
+            assert sends[rid].wait(WAIT), f"request {rid}"
+            assert_kv_equal(handle, expected_kv(codec, layers))
+            keys = [(kind, layer, page) for _, kind, layer, page, _ in handle.arrivals]
+            assert len(keys) == len(set(keys)) == sends[rid].num_frames == frames_per_request
+        faulted = proxy.faulted()
+    assert sorted(faulted) == [(rid, action) for rid in data]  # each request hit once
+
+
+def test_transfers_that_cannot_finish_fail_by_their_deadline_beside_ones_that_do():
+    """20 requests at once over one sender: requests 1-5 lose every frame (nothing arrives),
+    6-10 every residual frame (the anchor arrives), 11-20 pass through random faults. The
+    first ten fail with TransferDeadlineError on both sides, each by its deadline and naming
+    what arrived; the other ten are bit-identical. Nothing hangs."""
+    deadline_s = 3.0
+    rng, lock = random.Random(7), threading.Lock()
+
+    def by_frame(conn_no, key):
+        rid, kind = key[0], key[1]
+        if rid <= 5 or (rid <= 10 and kind == Kind.RESIDUAL):
+            return "drop_frame"
+        with lock:
+            return rng.choice(("delay", "reorder", "corrupt_payload", "duplicate")) \
+                if rng.random() < 0.15 else "pass"
+
+    codec = small_codec("lynx")
+    data = {rid: make_layers(2, 128, seed=rid) for rid in range(1, N_TRANSFERS + 1)}
+    with pair(receiver_kw={"deadline_s": deadline_s},
+              sender_kw={**FAST, "deadline_s": deadline_s, "num_connections": 2},
+              via=lambda port: FaultProxy(port, by_frame=by_frame)) as (receiver, sender, _):
+        start = time.monotonic()
+        sends = {rid: sender.send(rid, codec, layers) for rid, layers in data.items()}
+        handles = {rid: receiver.request(rid) for rid in data}
+        for rid in range(11, N_TRANSFERS + 1):
+            assert handles[rid].wait(WAIT) and sends[rid].wait(WAIT), f"request {rid}"
+            assert_kv_equal(handles[rid], expected_kv(codec, data[rid]))
+        for rid in range(1, 11):
+            arrived = r"\(no frame received\)" if rid <= 5 else (r"anchor covers 256/256.*"
+                                                               r"full precision 0/256")
+            with pytest.raises(TransferDeadlineError,
+                               match=rf"request {rid}: deadline passed .*{arrived}"):
+                handles[rid].wait(WAIT)
+            with pytest.raises(TransferDeadlineError, match=rf"request {rid}: deadline passed"):
+                sends[rid].wait(WAIT)
+            assert sends[rid].anchor_acked.is_set() == (rid > 5)
+        elapsed = time.monotonic() - start
+        assert elapsed < deadline_s + 3.0, elapsed  # by the deadline (plus the watchdog's tick)
+        assert receiver.num_active_requests == 0     # the failed requests freed their slots
