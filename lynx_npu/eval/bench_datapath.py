@@ -12,8 +12,10 @@ on accelerators, median of ``--repeats``), beside the device's copy bandwidth me
 same run the same way. Device stages count every launch of a whole request (all layers), their
 GB/s are bytes read + written per second: compress = KV read + wire bytes written, decompress =
 wire bytes read + KV written; ``*_kv_gbps`` is KV bytes per second. The link's rate is wire
-bytes (frame headers included) per second, in Gbit/s. Host staging (``d2h``, ``h2d``) is
-reported apart (on the CPU there is none: the wire bytes are the kernel's buffers): the second
+bytes (frame headers included) per second, in Gbit/s, with the sender in a process of its
+own by default (``--wire-peer``: prefill and decode are two processes in a deployment; in one,
+both sides share the interpreter lock and the link's rate measures that). Host staging (``d2h``,
+``h2d``) is reported apart (on the CPU there is none: the wire bytes are the kernel's buffers): the second
 run of each, after the first run's buffers are freed, so that it reuses their pinned memory as a
 worker's later requests do (``d2h_first_s``: the first, which allocates it).
 
@@ -27,9 +29,13 @@ JSON (``--json``): {"device", "copy_gbps", "tokens", "compress_gbps", "decompres
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -41,6 +47,7 @@ from lynx_npu.ops import KV_CACHE_LAYOUTS, PagedKVCache, serde_for
 from lynx_npu.ops.dest import paged
 from lynx_npu.ops.lynx_serde import PLAN_TABLE_BACKENDS
 
+from . import wire_peer
 from .bench_kernels import _sync, copy_gbps, device_name, timer_for
 from .progress import progress
 
@@ -66,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", choices=CODECS, default="lynx")
     parser.add_argument("--backend", default=None, help="ops backend (default: automatic)")
     parser.add_argument("--connections", type=int_in(1, 16), default=4, help="TCP connections")
+    parser.add_argument("--wire-peer", choices=("process", "thread"), default="process",
+                        help="where the wire stage's sender runs: a process of its own, as "
+                             "prefill is in a deployment (default), or a thread of this one")
     parser.add_argument("--repeats", type=int_in(1, 100000), default=None,
                         help="timed repetitions of each device stage (default 5 cpu, 10 cuda)")
     parser.add_argument("--check-layers", type=int_in(0, 1024), default=0,
@@ -117,22 +127,24 @@ def _inbox(serde, shape, dtype):
     return place, raw
 
 
-def _wire(serde, codec, layers, shape, dtype, connections):
-    """Send the staged layers over loopback -> (seconds, wire bytes, received pages)."""
+def _wire(serde, codec, codec_name, layers, shape, dtype, connections, peer, repeats):
+    """Send the staged layers over loopback ``repeats`` times -> (median seconds, frame bytes
+    of one request, the pages received). The sender runs in a process of its own
+    (``peer="process"``, lynx_npu/eval/wire_peer.py) or on a thread of this one (``"thread"``:
+    both sides then share one interpreter lock)."""
     from lynx_npu.ops import WirePage
-    from lynx_npu.transport import Receiver, ReceiverConfig, Sender, SenderConfig
+    from lynx_npu.transport import Receiver, ReceiverConfig
 
-    num_layers, heads, tokens, head_dim = shape
     received: dict[int, dict[int, object]] = {}
     place, raw = _inbox(serde, shape, dtype)
     whole = memoryview(raw)
 
     def on_encoded(rid, layer, page, stage):
-        if rid != 2:
+        if rid < 2:  # the warm-up
             return
         t1, a_off, a, r_off, r = place[(layer, page.token_start)]
         have = received.setdefault(layer, {}).get(page.token_start)
-        if have is None:
+        if have is None or have.residual is None:
             raw[a_off:a_off + a] = np.frombuffer(page.anchor, dtype=np.uint8)
         if page.residual is not None:
             raw[r_off:r_off + r] = np.frombuffer(page.residual, dtype=np.uint8)
@@ -140,23 +152,82 @@ def _wire(serde, codec, layers, shape, dtype, connections):
             page.index, page.token_start, t1, whole[a_off:a_off + a],
             whole[r_off:r_off + r] if page.residual is not None else None)
 
+    times = []
     with Receiver(ReceiverConfig(deadline_s=600, max_request_bytes=1 << 40),
                   on_encoded=on_encoded) as receiver:
-        with Sender(SenderConfig(port=receiver.port, num_connections=connections,
-                                 deadline_s=600)) as sender:
-            warm = serde.encode(*[torch.zeros(heads, 64, head_dim, dtype=dtype)] * 2)
-            sender.send_layers(1, codec, [warm], num_layers=1, num_tokens=64,
-                               num_kv_heads=heads, head_dim=head_dim, dtype=dtype).wait(60)
-            handle = receiver.request(2)
-            t0 = time.perf_counter()
-            sent = sender.send_layers(2, codec, layers, num_layers=num_layers,
-                                      num_tokens=tokens, num_kv_heads=heads,
-                                      head_dim=head_dim, dtype=dtype)
-            handle.residual_ready.wait(600)
-            seconds = time.perf_counter() - t0
-            sent.wait(600)
+        send = _thread_peer if peer == "thread" else _process_peer
+        with send(receiver.port, codec, codec_name, layers, shape, dtype, connections) as go:
+            for rid in range(2, 2 + repeats):
+                received.clear()
+                handle = receiver.request(rid)
+                t0 = time.perf_counter()
+                go(rid)
+                if not handle.residual_ready.wait(600):
+                    raise RuntimeError(f"the wire stage did not finish: {handle.progress()}")
+                times.append(time.perf_counter() - t0)
+                receiver.release(rid)
     nbytes = sum(n for *_, n in handle.arrivals)
-    return seconds, nbytes, {layer: list(p.values()) for layer, p in received.items()}
+    return float(np.median(times)), nbytes, {layer: list(p.values())
+                                             for layer, p in received.items()}
+
+
+@contextlib.contextmanager
+def _thread_peer(port, codec, codec_name, layers, shape, dtype, connections):
+    """A Sender in this process, warmed up by request 1 (the first layer); yields go(id),
+    which sends request ``id`` (every page, anchors first)."""
+    from lynx_npu.transport import Sender, SenderConfig
+
+    num_layers, heads, tokens, head_dim = shape
+    meta = dict(num_tokens=tokens, num_kv_heads=heads, head_dim=head_dim, dtype=dtype)
+    pages = [layer.pages for layer in layers]
+    with Sender(SenderConfig(port=port, num_connections=connections, deadline_s=600)) as sender:
+        if not sender.send_encoded(1, codec, pages[:1], **meta).wait(600):
+            raise RuntimeError("the warm-up request was not acknowledged")
+        sent = []
+        yield lambda rid: sent.append(sender.send_encoded(rid, codec, pages, **meta))
+        for handle in sent:
+            if not handle.wait(600):
+                raise RuntimeError(f"request {handle.request_id} was not acknowledged")
+
+
+@contextlib.contextmanager
+def _process_peer(port, codec, codec_name, layers, shape, dtype, connections):
+    """lynx_npu.eval.wire_peer in a child process, the pages handed over in one host file
+    (tmpfs where there is one: /dev/shm); yields go(id), which writes its "go <id>" line."""
+    num_layers, heads, tokens, head_dim = shape
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="lynx-wire-", dir=shm) as tmp:
+        pages, index = os.path.join(tmp, "pages.bin"), os.path.join(tmp, "index.json")
+        with open(index, "w") as f:
+            json.dump(wire_peer.write_pages(pages, layers), f)
+        argv = [sys.executable, "-m", "lynx_npu.eval.wire_peer", "--pages", pages, "--index",
+                index, "--port", str(port), "--connections", str(connections),
+                "--codec", codec_name, "--kv", f"{tokens},{heads},{head_dim}",
+                "--dtype", str(dtype).removeprefix("torch.")]
+        with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as child:
+            def expect(line: str) -> None:
+                if child.stdout.readline().strip() != line:
+                    child.kill()
+                    raise RuntimeError(f"the wire peer failed: {child.stderr.read().strip()}")
+
+            def go(rid: int) -> None:
+                child.stdin.write(f"go {rid}\n")
+                child.stdin.flush()
+                pending.append(f"sent {rid}")
+
+            pending: list[str] = []
+            try:
+                expect("ready")
+                yield go
+                for line in pending:
+                    expect(line)
+                child.stdin.close()
+                if child.wait(60) != 0:
+                    raise RuntimeError(f"the wire peer failed: {child.stderr.read().strip()}")
+            finally:
+                if child.poll() is None:
+                    child.kill()
 
 
 def _check(codec, src, src_slots, dst, dst_slots, encoded, layers: int) -> bool:
@@ -244,9 +315,11 @@ def run(args) -> int:
          f"({wire_bytes / d2h_s / 1e9:.1f} GB/s; first, allocating: "
          f"{d2h_first_s * 1e3:.1f} ms)")
     # 3. loopback TCP
-    wire_s, frame_bytes, received = _wire(serde, codec, encoded, shape, dtype, args.connections)
+    wire_s, frame_bytes, received = _wire(serde, codec, args.codec, encoded, shape, dtype,
+                                          args.connections, args.wire_peer, repeats)
     _log(f"wire {wire_s:.3f} s: {frame_bytes * 8 / wire_s / 1e9:.2f} Gbit/s "
-         f"({args.connections} connections)")
+         f"(median of {repeats}; {args.connections} connections, the sender in a "
+         f"{args.wire_peer} of its own)")
     # 4. stage the received pages to the device, 5. decompress into the second cache
     staged = _stage_received(serde, received, dst)
     del staged
@@ -272,7 +345,8 @@ def run(args) -> int:
            "compress_kv_gbps": kv_bytes / compress_s / 1e9,
            "d2h_s": d2h_s, "d2h_gbps": wire_bytes / d2h_s / 1e9, "d2h_first_s": d2h_first_s,
            "wire_s": wire_s, "wire_gbps": frame_bytes * 8 / wire_s / 1e9,
-           "connections": args.connections, "h2d_s": h2d_s, "decompress_s": decompress_s,
+           "connections": args.connections,
+           "wire_peer": args.wire_peer, "h2d_s": h2d_s, "decompress_s": decompress_s,
            "decompress_gbps": (kv_bytes + wire_bytes) / decompress_s / 1e9,
            "decompress_kv_gbps": kv_bytes / decompress_s / 1e9,
            "exact": exact, "checked_layers": checked,
