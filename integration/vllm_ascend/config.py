@@ -35,12 +35,13 @@ import re
 from dataclasses import dataclass
 
 from lynx_npu.codec.registry import get_codec, list_codecs
+from lynx_npu.transport.lmcache_store import LMCacheConfig
 from lynx_npu.transport.mooncake_engine import MooncakeConfig
 
 ROLES = {"kv_producer": "producer", "kv_consumer": "consumer"}
 PARAMS_KEY = "lynx"
 WIRE_DTYPES = (None, "bfloat16", "float16")
-TRANSPORTS = ("tcp", "mooncake")
+TRANSPORTS = ("tcp", "mooncake", "lmcache")
 BOOLS = {True: True, False: False, "true": True, "false": False}
 MIN_SECRET_CHARS = 16
 MIN_SECRET_BITS = 64.0
@@ -192,6 +193,10 @@ class LynxConnectorConfig:
     mooncake_host: str = "127.0.0.1"   # IP address this instance's engine serves on; the
                                        # prefill's must be the one its connections come from
     mooncake_device: str = ""          # RDMA NICs / NPU devices, comma separated; "" = all
+    # "lmcache": the pages are LMCache objects in a directory both instances share (the
+    # decode side reads every anchor before any residual; its port names its objects)
+    lmcache_dir: str | None = None     # the shared L2 directory (required for lmcache)
+    lmcache_l1_mb: int = 256           # this instance's LMCache L1 (host memory)
 
     def __post_init__(self):
         if self.role not in ROLES.values():
@@ -220,6 +225,14 @@ class LynxConnectorConfig:
         if self.gbps is not None and self.transport == "mooncake" and self.role == "producer":
             raise ValueError(f"gbps={self.gbps!r} on the prefill instance: over Mooncake the "
                              f"decode instance reads the pages, set gbps there")
+        if self.transport == "lmcache":
+            self.lmcache_config()  # checks lmcache_dir, lmcache_l1_mb
+            if self.gbps is not None and self.role == "producer":
+                raise ValueError(f"gbps={self.gbps!r} on the prefill instance: over LMCache the "
+                                 f"decode instance reads the objects, set gbps there")
+            if self.role == "consumer" and self.port == 0:
+                raise ValueError("port=0 with transport='lmcache': the decode instance's port "
+                                 "names its LMCache objects, give the one in the prefill's peer")
 
     def mooncake_config(self) -> MooncakeConfig:
         """This instance's Mooncake engine settings (the receiver's reads paced at gbps)."""
@@ -231,6 +244,18 @@ class LynxConnectorConfig:
             raise ValueError(str(e).replace("self.host", "mooncake_host").replace(
                 "self.protocol", "mooncake_protocol").replace(
                 "self.device_name", "mooncake_device")) from None
+
+    def lmcache_config(self) -> LMCacheConfig:
+        """This instance's LMCache store settings (the receiver's reads paced at gbps)."""
+        if self.lmcache_dir is None:
+            raise ValueError("transport='lmcache' needs lmcache_dir: the L2 directory the "
+                             "prefill and decode instances share")
+        try:
+            return LMCacheConfig(directory=self.lmcache_dir, l1_mb=self.lmcache_l1_mb,
+                                 gbps=self.gbps if self.role == "consumer" else None)
+        except ValueError as e:
+            raise ValueError(str(e).replace("directory=", "lmcache_dir=").replace(
+                "l1_mb=", "lmcache_l1_mb=")) from None
 
     @classmethod
     def from_vllm(cls, kv_role: str, extra: dict | None) -> "LynxConnectorConfig":

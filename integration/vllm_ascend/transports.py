@@ -1,10 +1,11 @@
 """The transport a Lynx connector instance moves KV over, chosen by ``transport`` in
-``kv_connector_extra_config`` (config.py): the embedded TCP split stream (``tcp``, the default)
-or the Mooncake transfer engine (``mooncake``: lynx_npu/transport/mooncake.py). The only module
-of the integration that names transport classes; the workers see KVSender / KVReceiver.
+``kv_connector_extra_config`` (config.py): the embedded TCP split stream (``tcp``, the default),
+the Mooncake transfer engine (``mooncake``: lynx_npu/transport/mooncake.py) or LMCache objects
+in a shared directory (``lmcache``: lynx_npu/transport/lmcache.py). The only module of the
+integration that names transport classes; the workers see KVSender / KVReceiver.
 
-An explicit ``mooncake`` on a host where the engine does not import fails when the worker
-starts, naming the import error (lynx_npu.transport.mooncake.EngineUnavailable).
+An explicit ``mooncake`` or ``lmcache`` on a host where the engine or LMCache does not import
+fails when the worker starts, naming the import error (EngineUnavailable / LMCacheUnavailable).
 """
 from __future__ import annotations
 
@@ -24,12 +25,16 @@ def make_receiver(config: LynxConnectorConfig, rank: int, on_encoded: OnEncoded)
     if config.transport == "mooncake":
         from lynx_npu.transport.mooncake import MooncakeReceiver
         return MooncakeReceiver(cfg, config.mooncake_config(), on_encoded=on_encoded)
+    if config.transport == "lmcache":
+        from lynx_npu.transport.lmcache import LMCacheReceiver
+        return LMCacheReceiver(cfg, config.lmcache_config(), on_encoded=on_encoded)
     return Receiver(cfg, on_encoded=on_encoded)
 
 
 class Senders:
     """The prefill worker's senders, one per decode receiver, made on first use; over Mooncake
-    they share one engine (one segment per worker process)."""
+    they share one engine (one segment per worker process); over LMCache each has its own
+    StorageManager on the shared directory."""
 
     def __init__(self, config: LynxConnectorConfig):
         self.config = config
@@ -52,6 +57,11 @@ class Senders:
                                                deadline_s=c.transfer_timeout_s,
                                                secret=c.secret_bytes, codecs=declared_codecs()),
                                   self._engine)
+        if c.transport == "lmcache":
+            from lynx_npu.transport.lmcache import LMCacheSender
+            return LMCacheSender(SenderConfig(port=port, host=host,
+                                              deadline_s=c.transfer_timeout_s,
+                                              codecs=declared_codecs()), c.lmcache_config())
         return Sender(SenderConfig(port=port, host=host, gbps=c.gbps,
                                    deadline_s=c.transfer_timeout_s, secret=c.secret_bytes,
                                    codecs=declared_codecs()))

@@ -25,9 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gbps", type=number_in(0, 1e5, low_open=True), default=0.2,
                         help="emulated prefill->decode link rate in Gbit/s (default 0.2: the "
                              "transfer dominates on this small model)")
-    parser.add_argument("--transport", choices=("tcp", "mooncake"), default="tcp",
+    parser.add_argument("--transport", choices=("tcp", "mooncake", "lmcache"), default="tcp",
                         help="the KV transport between the instances: the embedded TCP split "
-                             "stream (default) or the Mooncake transfer engine (docs/deploy.md)")
+                             "stream (default), the Mooncake transfer engine, or LMCache objects "
+                             "in a shared directory (docs/deploy.md)")
     parser.add_argument("--prompts", type=int_in(1, 1000), default=3,
                         help="QMSum prompts (default 3)")
     parser.add_argument("--prompt-tokens", type=int_in(1, 32768), default=1536,

@@ -14,15 +14,18 @@ PROPOSER = "lynx_npu.integration.vllm_ascend.proposer.NullProposer"
 def prefill_engine_args(model: str, *, peer: str | None = None, codec: str = "lynx",
                         gbps: float | None = None, wire_dtype: str | None = None,
                         secret: str | None = None, transport: str = "tcp",
-                        **engine) -> dict:
+                        lmcache_dir: str | None = None, **engine) -> dict:
     """The prefill instance: stock vLLM plus the Lynx connector as KV producer. Prefix caching
     stays on (a prompt computed once is sent again for free). ``gbps``: the emulated link;
-    over ``transport="mooncake"`` the decode side paces its reads, so it is left out here (give
-    it to ``decode_engine_args``)."""
+    over ``transport="mooncake"`` or ``"lmcache"`` the decode side paces its reads, so it is left
+    out here (give it to ``decode_engine_args``). ``lmcache_dir``: the directory both instances
+    share over ``transport="lmcache"``."""
     extra = {"codec": codec}
     if transport != "tcp":
         extra["transport"] = transport
         gbps = None
+    if transport == "lmcache":
+        extra["lmcache_dir"] = lmcache_dir
     for key, value in (("peer", peer), ("gbps", gbps), ("wire_dtype", wire_dtype),
                        ("secret", secret)):
         if value is not None:
@@ -36,17 +39,21 @@ def prefill_engine_args(model: str, *, peer: str | None = None, codec: str = "ly
 def decode_engine_args(model: str, *, port: int, host: str = "127.0.0.1", max_drafts: int = 64,
                        residual_timeout_s: float = 30.0, transfer_timeout_s: float = 600.0,
                        secret: str | None = None, transport: str = "tcp",
-                       gbps: float | None = None, **engine) -> dict:
+                       gbps: float | None = None, lmcache_dir: str | None = None,
+                       **engine) -> dict:
     """The decode instance: the Lynx connector as KV consumer, the Lynx scheduler, the null
     proposer (which turns on vLLM's verification machinery) and no prefix caching (blocks with
     anchor-precision KV must never be shared). ``gbps`` paces the reads over
-    ``transport="mooncake"`` (over tcp the prefill side paces; here it is then unused)."""
+    ``transport="mooncake"`` or ``"lmcache"`` (over tcp the prefill side paces; here it is then
+    unused)."""
     extra = {"host": host, "port": port, "max_drafts": max_drafts,
              "residual_timeout_s": residual_timeout_s, "transfer_timeout_s": transfer_timeout_s}
     if transport != "tcp":
         extra["transport"] = transport
         if gbps is not None:
             extra["gbps"] = gbps
+    if transport == "lmcache":
+        extra["lmcache_dir"] = lmcache_dir
     if secret is not None:
         extra["secret"] = secret
     return {"model": model,

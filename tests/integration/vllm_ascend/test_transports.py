@@ -1,7 +1,7 @@
 """The ``transport`` key of the connector config (config.py) and what the workers build from it
 (transports.py: make_receiver for the decode worker, Senders for the prefill worker): tcp by
-default, mooncake when asked; a request crosses either one, handed on encoded as the decode
-worker takes it. No vLLM needed."""
+default, mooncake or lmcache when asked; a request crosses each one, handed on encoded as the
+decode worker takes it. No vLLM needed."""
 import os
 
 os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
@@ -11,11 +11,13 @@ import pytest  # noqa: E402
 from lynx_npu.integration.vllm_ascend.config import LynxConnectorConfig  # noqa: E402
 from lynx_npu.integration.vllm_ascend.transports import Senders, make_receiver  # noqa: E402
 from lynx_npu.transport import Receiver, Sender  # noqa: E402
+from lynx_npu.transport.lmcache_store import unavailable_reason as lmcache_reason  # noqa: E402
 from lynx_npu.transport.mooncake import unavailable_reason  # noqa: E402
 import lynx_npu  # noqa: E402
 from tests.transport.helpers import make_layers  # noqa: E402
 
 REASON = unavailable_reason()
+LMCACHE_REASON = lmcache_reason()
 
 
 def test_transport_key_defaults_and_validation():
@@ -30,7 +32,14 @@ def test_transport_key_defaults_and_validation():
     assert LynxConnectorConfig.from_vllm(
         "kv_producer", {"transport": "mooncake"}).mooncake_config().gbps is None
     for role, extra, match in [
-            ("kv_consumer", {"transport": "lmcache"}, "transport='lmcache' must be one of"),
+            ("kv_consumer", {"transport": "nixl"}, "transport='nixl' must be one of"),
+            ("kv_consumer", {"transport": "lmcache", "port": 1}, "needs lmcache_dir"),
+            ("kv_consumer", {"transport": "lmcache", "lmcache_dir": "/x"},
+             "port=0 with transport='lmcache'"),
+            ("kv_consumer", {"transport": "lmcache", "port": 1, "lmcache_dir": "/x",
+                             "lmcache_l1_mb": 1}, "lmcache_l1_mb=1 must be an int >= 16"),
+            ("kv_producer", {"transport": "lmcache", "lmcache_dir": "/x", "gbps": 1},
+             "gbps=1 on the prefill instance: over LMCache the decode instance reads"),
             ("kv_consumer", {"transport": "mooncake", "mooncake_host": "node1"},
              "mooncake_host='node1' must be an IP address"),
             ("kv_consumer", {"mooncake_protocol": "udp"}, "mooncake_protocol='udp'"),
@@ -41,35 +50,50 @@ def test_transport_key_defaults_and_validation():
             LynxConnectorConfig.from_vllm(role, extra)
 
 
-@pytest.mark.parametrize("transport", ["tcp", "mooncake"])
+@pytest.mark.parametrize("transport", ["tcp", "mooncake", "lmcache"])
 def test_engine_args_carry_the_transport(transport):
     """tools/engine_config.py (the demo's engines): the gbps of the link goes to the side that
     paces it, and both configs parse."""
     from lynx_npu.integration.vllm_ascend.tools.engine_config import (decode_engine_args,
                                                                       prefill_engine_args)
-    p = prefill_engine_args("m", peer="127.0.0.1:1", gbps=0.2, transport=transport)
-    d = decode_engine_args("m", port=1, gbps=0.2, transport=transport)
+    more = {"lmcache_dir": "/dev/shm/x"} if transport == "lmcache" else {}
+    p = prefill_engine_args("m", peer="127.0.0.1:1", gbps=0.2, transport=transport, **more)
+    d = decode_engine_args("m", port=1, gbps=0.2, transport=transport, **more)
     p, d = (LynxConnectorConfig.from_vllm(a["kv_transfer_config"]["kv_role"],
                                           a["kv_transfer_config"]["kv_connector_extra_config"])
             for a in (p, d))
     assert p.transport == d.transport == transport
     assert (p.gbps, d.gbps) == ((0.2, None) if transport == "tcp" else (None, 0.2))
+    if transport == "lmcache":
+        assert p.lmcache_config().directory == d.lmcache_config().directory == "/dev/shm/x"
+        assert (p.lmcache_config().gbps, d.lmcache_config().gbps) == (None, 0.2)
 
 
 @pytest.mark.parametrize("transport", [
     "tcp", pytest.param("mooncake", marks=pytest.mark.skipif(REASON is not None,
-                                                              reason=str(REASON)))])
-def test_workers_transport_carries_a_request(transport):
-    consumer = LynxConnectorConfig.from_vllm("kv_consumer", {"transport": transport})
+                                                              reason=str(REASON))),
+    pytest.param("lmcache", marks=pytest.mark.skipif(LMCACHE_REASON is not None,
+                                                     reason=str(LMCACHE_REASON)))])
+def test_workers_transport_carries_a_request(transport, tmp_path):
+    more = {}
+    if transport == "lmcache":  # the decode port names the objects; nothing listens on it
+        from lynx_npu.integration.vllm_ascend.tools.local_pair import free_port
+        more = {"lmcache_dir": str(tmp_path)}
+    consumer = LynxConnectorConfig.from_vllm("kv_consumer", {
+        "transport": transport, **more, **({"port": free_port()} if more else {})})
     pages = []
     receiver = make_receiver(consumer, 0, lambda rid, layer, page, stage: pages.append(
         (rid, layer, page.index, stage)))
-    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer", {"transport": transport}))
+    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer",
+                                                    {"transport": transport, **more}))
     try:
         sender = senders.get("127.0.0.1", receiver.port)
         assert senders.get("127.0.0.1", receiver.port) is sender  # one per decode receiver
         kinds = {"tcp": (Receiver, Sender)}.get(transport)
-        if kinds is None:
+        if transport == "lmcache":
+            from lynx_npu.transport.lmcache import LMCacheReceiver, LMCacheSender
+            kinds = (LMCacheReceiver, LMCacheSender)
+        elif kinds is None:
             from lynx_npu.transport.mooncake import MooncakeReceiver, MooncakeSender
             kinds = (MooncakeReceiver, MooncakeSender)
         assert isinstance(receiver, kinds[0]) and isinstance(sender, kinds[1])
