@@ -317,7 +317,7 @@ class LMCacheSender(KVSender):
                 del self._requests[handle.request_id]
         if req is not None:
             try:  # what was stored of it is of no use: the receiver fails it by its deadline
-                self.store.delete(req.keys)
+                self.store.delete(req.keys, force=False)
             except Exception:  # noqa: BLE001 - the store may be closing
                 log.debug("deleting the objects of failed request %d failed", handle.request_id)
         handle.queued.fail(error)

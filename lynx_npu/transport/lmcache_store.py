@@ -200,12 +200,13 @@ class LMCacheStore:
         return out
 
     # -- deleting ---------------------------------------------------------------------------------
-    def delete(self, keys: list) -> None:
-        """Remove objects from this process's L1 and from the shared L2."""
+    def delete(self, keys: list, force: bool = True) -> None:
+        """Remove objects from the shared L2 and from this process's L1 (``force=False``: not
+        those LMCache is still copying to L2; such an object may then reach L2 after this)."""
         if not keys:
             return
         self.forget(keys)
-        self.sm.delete_l1_keys(keys, force=True)
+        self.sm.delete_l1_keys(keys, force=force)
         adapters = self.sm.l2_adapters
         for _, adapter in (adapters() if callable(adapters) else adapters):
             adapter.delete(keys)

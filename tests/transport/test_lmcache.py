@@ -1,0 +1,233 @@
+"""The LMCache transport (lynx_npu/transport/lmcache*.py) with the real LMCache 0.5.6
+StorageManager and its fs_native L2 on a temporary directory: sender and receiver each own a
+StorageManager, as two instances would (one test puts the sender in a second process)."""
+import os
+
+os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+
+import struct  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+import time  # noqa: E402
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from lynx_npu.transport import (ReceiverConfig, SenderConfig, TransferDeadlineError,  # noqa: E402
+                                TransferError, TransportClosed)
+from lynx_npu.transport.lmcache_store import LMCacheConfig, unavailable_reason  # noqa: E402
+from tests.transport.helpers import (assert_kv_equal, expected_kv, make_layers,  # noqa: E402
+                                     small_codec)
+
+REASON = unavailable_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PORT = 18123  # names the receiver's objects; nothing listens on it
+
+
+@pytest.fixture
+def lmc(tmp_path):
+    """-> make(receiver_kw, sender_kw, store_kw) building a receiver and a sender (each its own
+    StorageManager) on one directory; all closed at the end."""
+    from lynx_npu.transport.lmcache import LMCacheReceiver, LMCacheSender
+    made = []
+
+    def make(receiver_kw=None, sender_kw=None, store_kw=None, sender=True):
+        store = LMCacheConfig(directory=str(tmp_path), l1_mb=64, **(store_kw or {}))
+        rx = LMCacheReceiver(ReceiverConfig(port=PORT, **(receiver_kw or {})), store)
+        made.append(rx)
+        if not sender:
+            return rx, None
+        tx = LMCacheSender(SenderConfig(port=PORT, **(sender_kw or {})), store)
+        made.append(tx)
+        return rx, tx
+
+    yield make
+    for x in reversed(made):
+        x.close()
+
+
+def object_path(directory, request_id, kind, layer=0, page=0) -> pathlib.Path:
+    """The fs_native file of an object (LMCacheStore.key's fields)."""
+    salt = {0: "header", 1: "anchor", 2: "residual"}[kind]
+    digest = struct.pack(">QHI", request_id, layer, page).hex()
+    return pathlib.Path(directory) / f"lynx-{PORT}@0x00000000@0@{digest}@{salt}.data"
+
+
+@pytest.mark.parametrize("name", ["lynx", "lynx-int4", "int8", "bf16"])
+def test_round_trip_is_exact(lmc, name):
+    rx, tx = lmc()
+    codec, layers = small_codec(name), make_layers(num_layers=3, num_tokens=300)
+    handle = rx.request(1)
+    sent = tx.send(1, codec, layers)
+    assert handle.wait(60) and sent.wait(30)
+    assert handle.anchor_ready.is_set() and sent.anchor_acked.is_set()
+    assert_kv_equal(handle, expected_kv(codec, layers))
+    if len(codec.stages) > 1:  # the anchor stream alone was complete first
+        assert handle.anchor_ready_at <= handle.residual_ready_at
+
+
+def test_every_anchor_read_before_any_residual(lmc, tmp_path):
+    """Three requests stored before the receiver asks: it reads every anchor of the three
+    before any residual; each request's arrivals are anchors first."""
+    rx, tx = lmc()
+    codec = small_codec("lynx")
+    data = {rid: make_layers(num_layers=2, num_tokens=200, seed=rid) for rid in (1, 2, 3)}
+    for rid, layers in data.items():
+        assert tx.send(rid, codec, layers).wait(30)
+    handles = {rid: rx.request(rid) for rid in data}
+    for rid, h in handles.items():
+        assert h.wait(60)
+        assert_kv_equal(h, expected_kv(codec, data[rid]))
+        kinds = [a[1] for a in h.arrivals]
+        assert kinds.index(2) == kinds.count(1) == 2 * 4  # 2 layers x 4 pages of 64 tokens
+    order = [kind for _, kind in rx.read_order]
+    assert order == [1] * 24 + [2] * 24
+
+
+def test_sender_in_a_second_process(lmc, tmp_path):
+    rx, _ = lmc(sender=False)
+    codec, layers = small_codec("lynx"), make_layers(num_layers=2, num_tokens=300, seed=5)
+    handle = rx.request(9)
+    script = textwrap.dedent(f"""
+        import os, sys
+        os.environ["LMCACHE_TRACK_USAGE"] = "false"
+        from lynx_npu.transport import SenderConfig
+        from lynx_npu.transport.lmcache import LMCacheConfig, LMCacheSender
+        from tests.transport.helpers import make_layers, small_codec
+        with LMCacheSender(SenderConfig(port={PORT}),
+                           LMCacheConfig(directory=sys.argv[1], l1_mb=64)) as tx:
+            h = tx.send(9, small_codec("lynx"), make_layers(num_layers=2, num_tokens=300,
+                                                             seed=5))
+            assert h.wait(60)
+            print("stored", h.num_frames)
+    """)
+    child = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout.split()[-1] == str(1 + 2 * 2 * 5)  # header + 2 layers x 5 pages x 2
+    assert handle.wait(60)
+    assert_kv_equal(handle, expected_kv(codec, layers))
+
+
+def test_release_deletes_the_objects(lmc, tmp_path):
+    rx, tx = lmc()
+    codec = small_codec("lynx")
+    for rid in (4, 5):
+        handle = rx.request(rid)
+        assert tx.send(rid, codec, make_layers(num_layers=2, num_tokens=100)).wait(30)
+        assert handle.wait(30)
+    names = lambda rid: [p for p in tmp_path.iterdir()  # noqa: E731
+                         if f"{struct.pack('>Q', rid).hex()}" in p.name]
+    assert len(names(4)) == len(names(5)) == 1 + 2 * 2 * 2
+    rx.release(4)
+    assert names(4) == [] and len(names(5)) == 9  # only what was released
+    rx.release(5)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_objects_are_swept_by_a_new_receiver(lmc, tmp_path):
+    rx, tx = lmc()
+    assert tx.send(6, small_codec("lynx"), make_layers(num_layers=1, num_tokens=64)).wait(30)
+    assert len(list(tmp_path.iterdir())) == 3
+    rx.close()
+    rx2, _ = lmc(sender=False)
+    assert list(tmp_path.iterdir()) == []
+    handle = rx2.request(6, deadline_s=0.5)
+    with pytest.raises(TransferDeadlineError, match="header object was never stored"):
+        handle.wait(10)
+
+
+def test_corrupt_object_fails_its_request_only(lmc, tmp_path):
+    rx, tx = lmc()
+    codec = small_codec("lynx")
+    for rid in (11, 12):
+        assert tx.send(rid, codec, make_layers(num_layers=2, num_tokens=200, seed=rid)).wait(30)
+    path = object_path(tmp_path, 11, 1, layer=1, page=2)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x40  # a page byte: the frame's payload CRC32C no longer matches
+    path.write_bytes(bytes(data))
+    bad, good = rx.request(11), rx.request(12)
+    t0 = time.monotonic()
+    with pytest.raises(TransferError, match=r"request 11: layer 1 page 2 ANCHOR object: "
+                                            r".*payload"):
+        bad.wait(30)
+    assert time.monotonic() - t0 < 10  # at once, not at the deadline
+    assert good.wait(30)
+    assert_kv_equal(good, expected_kv(codec, make_layers(num_layers=2, num_tokens=200,
+                                                         seed=12)))
+
+
+def test_corrupt_header_fails_clearly(lmc, tmp_path):
+    rx, tx = lmc()
+    assert tx.send(13, small_codec("lynx"), make_layers(num_layers=1, num_tokens=64)).wait(30)
+    path = object_path(tmp_path, 13, 0)
+    data = bytearray(path.read_bytes())
+    data[20] ^= 1  # the layer count: the header CRC fails
+    path.write_bytes(bytes(data))
+    with pytest.raises(TransferError, match="request 13: header object: .*header"):
+        rx.request(13).wait(30)
+
+
+@pytest.mark.parametrize("fault", ["missing", "truncated"])
+def test_missing_or_truncated_residual_fails_by_the_deadline(lmc, tmp_path, fault):
+    """The anchor stream completes; a residual object that is gone, or shorter than the codec
+    says, is never read: the request fails at its deadline naming what was not stored."""
+    rx, tx = lmc()
+    codec = small_codec("lynx")
+    assert tx.send(14, codec, make_layers(num_layers=2, num_tokens=200)).wait(30)
+    path = object_path(tmp_path, 14, 2, layer=0, page=1)
+    if fault == "missing":
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[:-100])
+    handle = rx.request(14, deadline_s=2.0)
+    assert handle.anchor_ready.wait(10)
+    t0 = time.monotonic()
+    with pytest.raises(TransferDeadlineError, match=r"request 14: deadline passed .* 0 anchor "
+                                                    r"and 1 residual objects not stored"):
+        handle.wait(30)
+    assert time.monotonic() - t0 < 5
+
+
+def test_sender_fails_at_its_deadline(lmc):
+    """A request not in L2 by the sender's deadline fails there, naming what was missing."""
+    rx, tx = lmc()
+    codec = small_codec("lynx")
+    serde = tx._serde(codec, tx._meta(codec, 2, 64, 2, 16, torch.bfloat16))
+    layers = make_layers(num_layers=2, num_tokens=64)
+
+    def slow():  # the second layer comes after the deadline
+        yield serde.encode(*layers[0])
+        time.sleep(0.5)
+        yield serde.encode(*layers[1])
+    handle = tx.send_layers(15, codec, slow(), num_layers=2, num_tokens=64, num_kv_heads=2,
+                            head_dim=16, dtype=torch.bfloat16, deadline_s=0.1)
+    with pytest.raises(TransferDeadlineError, match="request 15: deadline passed with .* "
+                                                    "objects not yet stored in LMCache's L2"):
+        handle.wait(30)
+
+
+def test_config_and_receiver_refusals(tmp_path):
+    from lynx_npu.transport.lmcache import LMCacheReceiver, LMCacheSender
+    for kw, match in [({"directory": ""}, "directory='' must be a non-empty path"),
+                      ({"directory": "d", "l1_mb": 8}, "l1_mb=8 must be an int >= 16"),
+                      ({"directory": "d", "gbps": 0}, "gbps=0 must be a positive"),
+                      ({"directory": "d", "poll_interval_s": float("nan")}, "poll_interval_s")]:
+        with pytest.raises(ValueError, match=match):
+            LMCacheConfig(**kw)
+    store = LMCacheConfig(directory=str(tmp_path), l1_mb=16)
+    with pytest.raises(ValueError, match="port=0"):
+        LMCacheReceiver(ReceiverConfig(port=0), store)
+    with pytest.raises(ValueError, match="gbps"):
+        LMCacheSender(SenderConfig(port=PORT, gbps=1.0), store)
+
+
+def test_close_fails_waiters(lmc):
+    rx, _ = lmc(sender=False)
+    handle = rx.request(16)
+    rx.close()
+    with pytest.raises(TransportClosed):
+        handle.wait(5)
