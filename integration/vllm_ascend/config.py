@@ -167,7 +167,7 @@ class LynxConnectorConfig:
     codec: str = "lynx"                # codec used when a request names none
     peer: str | None = None            # decode receiver "host:port" when a request names none
     # emulated link rate (benchmarks): tcp: the sender paces (set it on the prefill instance);
-    # mooncake: the receiver paces its engine reads (set it on the decode instance)
+    # mooncake / lmcache: the receiver paces its reads (set it on the decode instance)
     gbps: float | None = None
     # Cast the KV to this dtype before encoding ("bfloat16" / "float16"; None: the cache's).
     # For engines that compute in float32 but whose deployments hold 16-bit KV (the CPU demo):
