@@ -14,6 +14,13 @@ not the control peer's) fails its request on both sides, naming the field; an en
 fails, or bytes whose CRC32C differs from the descriptor's, is tried again ``read_retries``
 times, then fails the request naming the segment, address and status; a request past its
 deadline fails with TransferDeadlineError on every waiter.
+
+Hostile peers, as the TCP receiver (receiver.py): control reads allocate what arrived; the whole
+handshake has a deadline and slow handshakes are evicted oldest first (connection_slots.py); a
+control connection silent for ``idle_timeout_s`` is closed (the sender reconnects when it has
+descriptors to send); only requests in progress take one of ``max_requests`` slots, and a
+request belongs to the sender session and peer that sent its first descriptor: another
+session's descriptors for it are refused and read nothing (request_table.py).
 """
 from __future__ import annotations
 
@@ -34,14 +41,15 @@ from ..wire import (DATA_KINDS, HEADER_SIZE, ChecksumError, Frame, Kind, Unknown
 from .base import KVReceiver, OnEncoded, SerdeFactory, serde_for
 from .config import ReceiverConfig
 from .connection import FrameSocket, server_handshake
+from .connection_slots import ConnectionSlots
 from .errors import RemoteError, TransferDeadlineError, TransferError, TransportClosed
 from .mooncake_descriptor import DescriptorError, PageDescriptor, parse_descriptor, split_segment
 from .mooncake_engine import MooncakeConfig, MooncakeEngine
 from .rate_limit import TokenBucket
 from .receive_state import OnPage, PageJob, ReceiveHandle, RequestRejected
+from .request_table import RequestTable
 
 log = logging.getLogger(__name__)
-_RECENT = 4096  # released request ids remembered, so late duplicates are acknowledged
 
 
 @dataclass
@@ -134,9 +142,9 @@ class MooncakeReceiver(KVReceiver):
         self._staging, self._staging_addr = self.engine.buffer(opts.batch_bytes)
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._requests: dict[int, ReceiveHandle] = {}
-        self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self._conns: set[FrameSocket] = set()
+        self._requests = RequestTable(config.max_requests, config.max_finished_requests,
+                                      config.deadline_s)
+        self._conns = ConnectionSlots(config.max_connections, config.max_handshakes)
         self._codecs: dict[tuple[int, bytes], tuple] = {}
         self._fetches = FetchQueue(opts.max_pending_pages)
         self._queued: set[tuple[int, int, int, int]] = set()  # keys in the fetch queue
@@ -159,18 +167,23 @@ class MooncakeReceiver(KVReceiver):
 
     # -- public API (KVReceiver) -------------------------------------------------------------------
     def request(self, request_id: int, deadline_s: float | None = None) -> ReceiveHandle:
-        with self._lock:
-            handle = self._requests.get(request_id)
-            if handle is None:
-                handle = self._new_handle(request_id, deadline_s)
-        return handle
+        return self._requests.claim(request_id, deadline_s)
 
     def release(self, request_id: int) -> None:
-        with self._lock:
-            handle = self._requests.pop(request_id, None)
-            self._remember(request_id)
+        handle = self._requests.release(request_id)
         if handle is not None and not handle.finished:
             handle.fail(TransportClosed(f"request {request_id} was released before completing"))
+
+    @property
+    def num_connections(self) -> int:
+        """Control connections held now, in the handshake or past it."""
+        return len(self._conns.all())
+
+    @property
+    def num_active_requests(self) -> int:
+        """Requests in progress (each takes one of ``max_requests`` slots)."""
+        self._requests.sweep()
+        return self._requests.num_active
 
     def close(self) -> None:
         if self._closed.is_set():
@@ -178,8 +191,7 @@ class MooncakeReceiver(KVReceiver):
         self._closed.set()
         self._listener.close()
         self._fetches.close()
-        with self._lock:
-            conns, handles = list(self._conns), list(self._requests.values())
+        conns, handles = self._conns.all(), self._requests.handles()
         for conn in conns:
             conn.close()
         for handle in handles:
@@ -213,34 +225,39 @@ class MooncakeReceiver(KVReceiver):
     def _accept_loop(self) -> None:
         while not self._closed.is_set():
             try:
-                sock, _ = self._listener.accept()
+                sock, address = self._listener.accept()
             except socket.timeout:
                 continue
             except OSError:
                 return
-            sock.settimeout(None)
             conn = FrameSocket(sock, self.config.limits)
-            with self._lock:
-                full = len(self._conns) >= self.config.max_connections
-                if not full:
-                    self._conns.add(conn)
-            if full:
+            admitted, evicted = self._conns.admit(conn)
+            if evicted is not None:
+                log.warning("closing the oldest of %d unfinished handshakes to admit a new "
+                            "connection", self.config.max_handshakes)
+                evicted.close()
+            if not admitted:
                 try:
                     sock.settimeout(1.0)
-                    conn.send(Frame(Kind.ERROR, payload=b"too many connections"))
+                    conn.send(self._error(0, f"too many connections (max_connections="
+                                             f"{self.config.max_connections})"))
                 except OSError:
                     pass
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True,
+            threading.Thread(target=self._serve, args=(conn, address[0]), daemon=True,
                              name="lynx-mc-conn").start()
 
-    def _serve(self, conn: FrameSocket) -> None:
+    def _serve(self, conn: FrameSocket, peer: str) -> None:
         try:
-            peer = conn.sock.getpeername()[0]
-            conn.sock.settimeout(self.config.handshake_timeout_s)
-            server_handshake(conn, self.config.secret, self.config.compat)
-            conn.sock.settimeout(None)
+            with conn.deadline(self.config.handshake_timeout_s):
+                sender = server_handshake(conn, self.config.secret, self.config.compat)
+            if not self._conns.establish(conn):  # filled meanwhile: the sender reconnects
+                log.warning("closing a control connection past its handshake: "
+                            "max_connections=%d", self.config.max_connections)
+                return
+            owner = (sender.session, peer)
+            conn.sock.settimeout(self.config.idle_timeout_s)  # per read: silence closes it
             while not self._closed.is_set():
                 try:
                     frame = conn.read()
@@ -253,7 +270,7 @@ class MooncakeReceiver(KVReceiver):
                     raise
                 if frame.kind not in DATA_KINDS:
                     raise WireError(f"unexpected {frame.kind.name} frame after the handshake")
-                reply = self._on_descriptor(conn, peer, frame)
+                reply = self._on_descriptor(conn, peer, owner, frame)
                 if reply is not None:
                     self._send(conn, [reply])
         except (UnsupportedVersionError, UnknownCodecError) as e:
@@ -263,22 +280,17 @@ class MooncakeReceiver(KVReceiver):
                 log.debug("control connection closed: %s", e)
         finally:
             conn.close()
-            with self._lock:
-                self._conns.discard(conn)
+            self._conns.remove(conn)
 
-    def _on_descriptor(self, conn: FrameSocket, peer: str, frame: Frame) -> Frame | None:
+    def _on_descriptor(self, conn: FrameSocket, peer: str, owner, frame: Frame) -> Frame | None:
         """Queue a descriptor frame's read; -> a reply to send now (ACK of a late duplicate,
         ERROR of a refused request) or None."""
         rid = frame.request_id
-        with self._lock:
-            handle = self._requests.get(rid)
-            if handle is None:
-                if rid in self._recent:
-                    return _ack(frame)  # a late duplicate of a released request
-                if len(self._requests) >= self.config.max_requests:
-                    return self._error(rid, f"the receiver holds max_requests="
-                                            f"{self.config.max_requests} requests")
-                handle = self._new_handle(rid, None)
+        handle, refusal = self._requests.for_frame(rid, owner)
+        if refusal is not None:
+            return self._error(rid, refusal)
+        if handle is None:
+            return _ack(frame)  # a late duplicate of a released request
         if handle.error is not None:
             return self._error(rid, str(handle.error))
         if handle.finished:
@@ -437,18 +449,6 @@ class MooncakeReceiver(KVReceiver):
                 self._codecs[key] = codec
         return codec
 
-    def _new_handle(self, rid: int, deadline_s: float | None) -> ReceiveHandle:
-        """Create and register a handle; the caller holds ``_lock``."""
-        handle = ReceiveHandle(rid, time.monotonic() + (deadline_s or self.config.deadline_s))
-        self._requests[rid] = handle
-        self._recent.pop(rid, None)
-        return handle
-
-    def _remember(self, rid: int) -> None:
-        self._recent[rid] = None
-        while len(self._recent) > _RECENT:
-            self._recent.popitem(last=False)
-
     # -- decoding (as the TCP receiver) ---------------------------------------------------------
     def _decode_loop(self) -> None:
         while True:
@@ -483,13 +483,11 @@ class MooncakeReceiver(KVReceiver):
     def _watchdog_loop(self) -> None:
         while not self._closed.wait(0.05):
             now = time.monotonic()
-            with self._lock:
-                expired = [h for h in self._requests.values()
-                           if not h.finished and now > h.deadline]
-            for handle in expired:
+            for handle in self._requests.expired(now):  # abandoned: its slot is freed below
                 handle.fail(TransferDeadlineError(
                     f"request {handle.request_id}: deadline passed after "
                     f"{now - handle.created_at:.2f} s ({handle.progress()})"))
+            self._requests.sweep()
 
 
 def _ack(frame: Frame) -> Frame:

@@ -7,13 +7,14 @@ them intact; a request's registered memory is released when the request is done 
 Threads: one pipeline thread (a request's layers, encoded by the serde or handed in by the
 caller as they become ready -> one registered buffer per layer and pass -> descriptor frames ->
 the two queues, anchors first); one writer (pops the queues onto the control connection and
-reconnects after a failure, resending every unacknowledged descriptor: the receiver applies
-nothing twice); per connection a reader (ACK / NACK / ERROR); one watchdog (deadlines, and
+reconnects after a failure, or once it has descriptors again after the receiver closed an idle
+connection, resending every unacknowledged descriptor: the receiver applies nothing twice); per connection a reader (ACK / NACK / ERROR); one watchdog (deadlines, and
 descriptors left unacknowledged for ``retransmit_s`` sent again).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import socket
 import threading
@@ -31,7 +32,7 @@ from ..wire import (DATA_KINDS, DTYPE_CODES, Frame, Kind, WireError, crc32c, enc
 from ..wire.limits import DEFAULT_LIMITS
 from .base import KVSender, SerdeFactory, serde_for
 from .config import SenderConfig
-from .connection import FrameSocket, client_handshake
+from .connection import FrameSocket, client_handshake, new_session
 from .errors import (HandshakeError, RemoteError, TransferDeadlineError, TransferError,
                      TransportClosed)
 from .mooncake_descriptor import PageDescriptor
@@ -98,6 +99,10 @@ class MooncakeSender(KVSender):
         self._conn: FrameSocket | None = None
         self._generation = 0
         self.last_error = ""
+        # One session for every connection: the receiver binds this sender's requests to it
+        # (a reconnect under a new one would see its own requests refused).
+        self.session = new_session()
+        self._compat = dataclasses.replace(config.compat, session=self.session)
         try:
             self._connect()  # fail fast: unreachable receiver or a refused handshake
         except BaseException:
@@ -302,7 +307,7 @@ class MooncakeSender(KVSender):
         sock = socket.create_connection((cfg.host, cfg.port), timeout=cfg.connect_timeout_s)
         conn = FrameSocket(sock, DEFAULT_LIMITS)
         try:
-            client_handshake(conn, cfg.secret, cfg.compat)
+            client_handshake(conn, cfg.secret, self._compat)
         except BaseException:
             conn.close()
             raise
@@ -347,8 +352,11 @@ class MooncakeSender(KVSender):
 
     def _write_loop(self) -> None:
         while not self._closed.is_set():
-            if self._conn is None and not self._reconnect():
-                return
+            if self._conn is None:
+                if not self.queue.wait_for_frames(0.1):
+                    continue  # nothing to send: stay disconnected (the receiver closes idlers)
+                if not self._reconnect():
+                    return
             item = self.queue.pop(timeout=0.1)
             if item is None:
                 continue

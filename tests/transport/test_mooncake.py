@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 os.environ.setdefault("MC_LOG_LEVEL", "ERROR")  # the engine logs every connection at INFO
 
@@ -29,8 +30,8 @@ from lynx_npu.transport.mooncake import (DescriptorError, EngineUnavailable,  # 
 from lynx_npu.transport.mooncake_descriptor import parse_descriptor  # noqa: E402
 from lynx_npu.transport.mooncake_engine import engine_class  # noqa: E402
 from lynx_npu.transport.mooncake_receiver import FetchQueue, _Fetch  # noqa: E402
-from lynx_npu.wire import (DEFAULT_LIMITS, DTYPE_CODES, Frame, Kind, crc32c,  # noqa: E402
-                           max_data_payload, params_to_json)
+from lynx_npu.wire import (DEFAULT_LIMITS, DTYPE_CODES, NONCE_BYTES, Compat, Frame,  # noqa: E402
+                           Kind, crc32c, encode_frame, max_data_payload, params_to_json)
 from lynx_npu.codec import wire_params  # noqa: E402
 
 from .fault_proxy import ACTIONS, FaultProxy  # noqa: E402
@@ -350,3 +351,116 @@ def test_control_connection_faults_are_recovered(action):
         keys = [(kind, layer, page) for _, kind, layer, page, _ in handle.arrivals]
         assert len(keys) == len(set(keys)) == sent.num_frames
         assert pair.proxy.actions() == [action]
+
+
+# -- hostile peers on the control connection, as against the TCP receiver (issue 18) -----------
+
+def _until(condition, timeout_s: float = 10.0) -> None:
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s, "condition not reached"
+        time.sleep(0.01)
+
+
+def _hello_bytes() -> bytes:
+    return encode_frame(Frame(Kind.HELLO, payload=bytes(NONCE_BYTES) + Compat().to_json()))
+
+
+@needs_engine
+def test_a_dripped_handshake_is_closed_at_its_total_deadline():
+    """One HELLO byte every 0.3 s, handshake_timeout_s=1: before, the timeout was per recv
+    and the connection stayed open as long as it dripped."""
+    with MooncakeReceiver(ReceiverConfig(handshake_timeout_s=1.0)) as receiver:
+        sock = socket.create_connection(("127.0.0.1", receiver.port), timeout=10)
+        hello, start = _hello_bytes(), time.monotonic()
+        _until(lambda: receiver.num_connections == 1)
+        try:
+            for i in range(len(hello)):
+                if receiver.num_connections == 0:
+                    break
+                sock.send(hello[i:i + 1])
+                time.sleep(0.3)
+            assert receiver.num_connections == 0
+            assert 0.95 < time.monotonic() - start < 4.0
+        finally:
+            sock.close()
+
+
+@needs_engine
+def test_slow_handshakes_cannot_lock_a_sender_out():
+    """max_handshakes=4 silent connections: a fifth connection (the sender's) evicts the
+    oldest and transfers at once."""
+    codec, layers = small_codec("int8"), make_layers(2, 150)
+    with MooncakeReceiver(ReceiverConfig(max_handshakes=4, handshake_timeout_s=20)) as receiver:
+        socks = [socket.create_connection(("127.0.0.1", receiver.port), timeout=10)
+                 for _ in range(4)]
+        try:
+            _until(lambda: receiver.num_connections == 4)
+            with MooncakeSender(SenderConfig(port=receiver.port)) as sender:
+                assert sender.send(1, codec, layers).wait(WAIT)
+                handle = receiver.request(1)
+                assert handle.wait(WAIT)
+                assert_kv_equal(handle, expected_kv(codec, layers))
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+@needs_engine
+def test_an_idle_control_connection_is_closed_and_reopened_for_the_next_request():
+    codec = small_codec("lynx")
+    with _Pair(receiver_kw={"idle_timeout_s": 0.5}) as (receiver, sender):
+        assert sender.send(1, codec, make_layers(1, 64)).wait(WAIT)
+        _until(lambda: receiver.num_connections == 0)  # silent for 0.5 s: closed
+        time.sleep(0.5)
+        assert receiver.num_connections == 0  # and not reopened while there is nothing to send
+        layers = make_layers(2, 100, seed=3)
+        assert sender.send(2, codec, layers).wait(WAIT)
+        handle = receiver.request(2)
+        assert handle.wait(WAIT)
+        assert_kv_equal(handle, expected_kv(codec, layers))
+
+
+@needs_engine
+def test_failed_requests_free_their_slots():
+    """max_requests=2: three requests refused by their descriptor, then a real transfer is
+    served (before, every failed request kept its slot: 'holds max_requests')."""
+    codec, layers = small_codec("lynx"), make_layers(2, 150)
+    with _Pair(receiver_kw={"max_requests": 2}) as (receiver, sender):
+        conn = _raw_control(receiver.port)
+        try:
+            for rid in (11, 12, 13):
+                conn.send(_frame(rid=rid, payload=b"not a descriptor"))
+                reply = conn.read()
+                assert reply.kind == Kind.ERROR and reply.request_id == rid, bytes(reply.payload)
+                _until(lambda: receiver.num_active_requests == 0)
+        finally:
+            conn.close()
+        assert sender.send(1, codec, layers).wait(WAIT)
+        assert receiver.request(1).wait(WAIT)
+        assert_kv_equal(receiver.request(1), expected_kv(codec, layers))
+
+
+@needs_engine
+def test_a_request_belongs_to_the_session_that_opened_it():
+    """Another session's descriptor for a request in progress is refused by name and read
+    nothing; the real transfer is exact."""
+    codec, layers = small_codec("lynx"), make_layers(2, 150)
+    with _engine() as peer, _Pair() as (receiver, sender):
+        sent = sender.send(7, codec, layers)
+        handle = receiver.request(7)
+        assert handle.anchor_ready.wait(WAIT)
+        buf, addr = peer.buffer(64)
+        reads = receiver.reads
+        conn = _raw_control(receiver.port)
+        try:
+            conn.send(_frame(rid=7, payload=PageDescriptor(peer.segment, addr, 64,
+                                                           crc32c(bytes(64))).pack()))
+            reply = conn.read()
+        finally:
+            conn.close()
+        assert reply.kind == Kind.ERROR and b"belongs to another sender session" in bytes(
+            reply.payload)
+        assert handle.wait(WAIT) and sent.wait(WAIT)
+        assert_kv_equal(handle, expected_kv(codec, layers))
+        assert receiver.reads - reads <= 2 * 2 * 2  # the real request's reads only, if any
