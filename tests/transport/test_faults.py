@@ -15,7 +15,7 @@ import pytest
 from lynx_npu.transport import TransferDeadlineError
 from lynx_npu.wire import Frame, Kind, decode_frame, encode_frame
 
-from .fault_proxy import ACTIONS, ALL_ACTIONS, FaultProxy, random_plan
+from .fault_proxy import ALL_ACTIONS, FaultProxy, random_plan
 from .helpers import assert_kv_equal, expected_kv, make_layers, pair, small_codec
 
 WAIT = 30
