@@ -322,3 +322,31 @@ def test_a_resealed_receiver_hello_raises_handshake_error(fake, description, kin
     with _Escaped() as escaped:
         _connect(fake, first + tail)
     assert not escaped.errors, escaped.errors
+
+
+# -- who can connect at all ---------------------------------------------------------------
+def _outward_address() -> str | None:
+    """This host's address toward other hosts (no packet is sent), if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only a route lookup
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_the_receiver_listens_on_loopback_only_by_default():
+    """ReceiverConfig() (and the connector's default host) bind 127.0.0.1: the port is not
+    reachable through this host's other addresses."""
+    from integration.vllm_ascend.config import LynxConnectorConfig
+
+    assert ReceiverConfig().host == "127.0.0.1"
+    assert LynxConnectorConfig.from_vllm("kv_consumer", {"port": 17100}).host == "127.0.0.1"
+    with Receiver(ReceiverConfig()) as r:
+        assert r.host == "127.0.0.1"
+        outward = _outward_address()
+        if outward is not None:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection((outward, r.port), timeout=5).close()
+        _serves(r)
