@@ -12,8 +12,13 @@ the tensors vLLM registered are (DESIGN §8):
 * vLLM >= 0.30 GPU backends hand the connector a logical ``[num_blocks, num_kv_heads,
   block_size, 2 * head_size]`` view whose strides are the physical layout (NHD or HND): the
   registry layout whose strides match.
-* vLLM-Ascend: K and V tensors ``[num_blocks, block_size, num_kv_heads, head_size]`` (block
-  size 128): ``vllm_ascend``. Untested here (no NPU).
+* vLLM-Ascend 0.23: each layer a ``(k_cache, v_cache)`` pair of ``[num_blocks, block_size,
+  num_kv_heads, head_size]`` tensors (model_runner_v1.py ``_reshape_kv_cache_tensors``; block
+  size 128): ``vllm_ascend``, checked at start-up the CPU way, with vLLM-Ascend's own cache
+  write (vllm_compat.ascend_write_kv: ``torch_npu._npu_reshape_and_cache`` on the NPU). MLA and
+  sparse-attention layers (K and V of other widths, or extra indexer caches in the tuple) are
+  refused by name. Tested here on CPU tensors of that shape, with the op's contract; the NPU
+  op itself has not run here (no NPU).
 """
 from __future__ import annotations
 
@@ -66,6 +71,40 @@ def probe_cpu_layout(cache: torch.Tensor) -> str:
                         f"(tried {', '.join(tried)}); add it to lynx_npu/ops/kv_layouts.py")
 
 
+def probe_ascend_layout(k_cache: torch.Tensor, v_cache: torch.Tensor) -> str:
+    """``vllm_ascend`` if vLLM-Ascend's cache write into scratch caches like these reads back
+    exactly through that registry layout (random values, as many as the scratch caches hold:
+    every element is accounted for); else KVLayoutError."""
+    shape = tuple(k_cache.shape)
+    if k_cache.dim() != 4 or tuple(v_cache.shape) != shape or v_cache.dtype != k_cache.dtype:
+        raise KVLayoutError(f"vLLM-Ascend K and V caches must both be [num_blocks, block_size, "
+                            f"num_kv_heads, head_size] of one dtype, got K {shape} "
+                            f"{k_cache.dtype} and V {tuple(v_cache.shape)} {v_cache.dtype} "
+                            f"(MLA caches are not supported)")
+    _, bs, heads, d = shape
+    dev = k_cache.device
+    key, value = (torch.randn((2 * bs, heads, d)).to(dev, k_cache.dtype) for _ in range(2))
+    scratch = [torch.zeros((2, bs, heads, d), dtype=k_cache.dtype, device=dev) for _ in "kv"]
+    vllm_compat.ascend_write_kv(key, value, *scratch, torch.arange(2 * bs, device=dev))
+    rc = resolve("vllm_ascend", tuple(scratch))
+    views = [target_view(t, 2, bs, heads, d).reshape(2 * bs, heads, d) for t in (rc.k, rc.v)]
+    if not (torch.equal(views[0], key) and torch.equal(views[1], value)):
+        raise KVLayoutError("vLLM-Ascend's cache write does not read back through the "
+                            "vllm_ascend registry layout; fix lynx_npu/ops/kv_layouts.py")
+    return "vllm_ascend"
+
+
+def _ascend_pairs(caches: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    pairs = []
+    for c in caches:
+        if len(c) != 2:
+            raise KVLayoutError(f"a vLLM-Ascend layer registered {len(c)} cache tensors; Lynx "
+                                f"supports (k_cache, v_cache) pairs (no sparse-attention "
+                                f"indexer caches)")
+        pairs.append(tuple(c))
+    return pairs
+
+
 def _by_strides(cache: torch.Tensor, candidates) -> str:
     errors = []
     for name in candidates:
@@ -86,8 +125,8 @@ def paged_kv_from_vllm(kv_caches: dict, layout: str | None = None) -> PagedKVCac
         raise KVLayoutError("no KV cache layers were registered")
     if layout is None:
         if isinstance(caches[0], (tuple, list)):
-            layout = "vllm_ascend"
-            caches = [tuple(c) for c in caches]
+            caches = _ascend_pairs(caches)
+            layout = probe_ascend_layout(*caches[0])
         elif vllm_compat.is_cpu_platform():
             layout = probe_cpu_layout(caches[0])
         else:

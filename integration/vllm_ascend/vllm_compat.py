@@ -463,6 +463,29 @@ def cpu_write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                                    k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
 
 
+def ascend_write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write key/value [num_tokens, num_kv_heads, head_size] into one layer of a vLLM-Ascend
+    KV cache, K and V tensors [num_blocks, block_size, num_kv_heads, head_size], as vLLM-Ascend
+    0.23 writes its own: attention_v1.py -> DeviceOperator.reshape_and_cache, on Atlas A2
+    ``torch_npu._npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices)``
+    with int32 slots (A5: ``npu_scatter_pa_kv_cache``, cache_mode "Norm", the same layout).
+    Tensors not on an NPU (no torch_npu here) get the op's contract, written by indexing:
+    token t goes to ``cache[slot // block_size, slot % block_size]``; negative slots skipped."""
+    if key_cache.device.type == "npu":
+        import torch_npu
+        torch_npu._npu_reshape_and_cache(key=key.contiguous(), value=value.contiguous(),
+                                         key_cache=key_cache, value_cache=value_cache,
+                                         slot_indices=slot_mapping.to(torch.int32))
+        return
+    block_size = key_cache.shape[1]
+    slots = slot_mapping.to(key_cache.device, torch.int64)
+    keep = slots >= 0
+    slots = slots[keep]
+    for cache, x in ((key_cache, key), (value_cache, value)):
+        cache[slots // block_size, slots % block_size] = x[keep].to(cache.dtype)
+
+
 def layer_index(layer_name: str) -> int:
     from vllm.model_executor.models.utils import extract_layer_index
     return extract_layer_index(layer_name)
