@@ -35,6 +35,7 @@ GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "wire" / "golden"
 DATA_FRAMES = [(GOLDEN / f"{n}.bin").read_bytes()
                for n in ("anchor_lynx", "residual_lynx", "anchor_int8_fp16")]
 SESSION = "0123456789abcdef0123456789abcdef"
+SECRET = b"fuzz-0123456789abcdef"
 SENDER_DESCRIPTION = Compat.of((lynx_npu.get_codec("lynx"),), session=SESSION).to_json()
 _rids = itertools.count(1)
 
@@ -198,6 +199,31 @@ def test_mutated_description_behind_a_valid_crc_is_refused_or_served(receiver, d
 def test_junk_after_a_complete_handshake_is_closed_on(receiver, raw, flips, cut, junk):
     for frame in _probe(receiver, _mutate(raw, flips, cut) + junk, handshake=True):
         assert frame.kind in (Kind.ACK, Kind.NACK, Kind.ERROR), frame.kind
+
+
+@pytest.fixture(scope="module")
+def secret_receiver():
+    cfg = ReceiverConfig(handshake_timeout_s=HANDSHAKE_S, idle_timeout_s=IDLE_S,
+                         secret=SECRET)
+    with _Escaped() as escaped, Receiver(cfg) as r:
+        r.escaped = escaped
+        yield r
+    assert not escaped.errors, escaped.errors
+
+
+@FUZZ
+@given(description=_descriptions(), tag=st.one_of(st.just(b""), st.binary(min_size=32,
+                                                                             max_size=32)),
+       flips=FLIPS)
+def test_without_the_secret_no_hello_is_ever_accepted(secret_receiver, description, tag,
+                                                       flips):
+    """A receiver with a secret: whatever HELLO (valid, mutated, resealed) and whatever tag
+    a peer without the secret sends, it never gets AUTH_OK, and is closed."""
+    stream = _hello(description) + encode_frame(Frame(Kind.AUTH, payload=tag))
+    kinds = [f.kind for f in _probe(secret_receiver, _mutate(stream, flips, 0))]
+    assert Kind.AUTH_OK not in kinds, kinds
+    with Sender(SenderConfig(port=secret_receiver.port, secret=SECRET)):
+        pass  # and one with the secret still gets in
 
 
 def test_hostile_handshakes_that_never_end_are_closed_by_their_deadline(receiver):
