@@ -182,5 +182,5 @@ def test_transfers_that_cannot_finish_fail_by_their_deadline_beside_ones_that_do
                 sends[rid].wait(WAIT)
             assert sends[rid].anchor_acked.is_set() == (rid > 5)
         elapsed = time.monotonic() - start
-        assert elapsed < deadline_s + 3.0, elapsed  # by the deadline (plus the watchdog's tick)
+        assert elapsed < deadline_s + 5.0, elapsed  # by the deadline (plus ticks and load)
         assert receiver.num_active_requests == 0     # the failed requests freed their slots
