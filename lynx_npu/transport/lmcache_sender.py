@@ -21,7 +21,7 @@ import torch
 
 from ..codec import wire_params
 from ..ops.page_serde import EncodedLayer, WirePage
-from ..wire import DATA_KINDS, DTYPE_CODES, Frame, Kind, encode_frame, params_to_json
+from ..wire import DTYPE_CODES, Frame, Kind, encode_frame, params_to_json
 from .base import KVSender, SerdeFactory, serde_for
 from .config import SenderConfig
 from .errors import TransferDeadlineError, TransferError, TransportClosed
@@ -307,7 +307,7 @@ class LMCacheSender(KVSender):
         if all_done:
             req.handle.done.set()
 
-    # -- failures -----------------------------------------------------------------------------------
+    # -- failures ---------------------------------------------------------------------------------
     def _fail(self, handle: SendHandle, error: BaseException) -> None:
         with self._lock:
             req = self._requests.get(handle.request_id)
