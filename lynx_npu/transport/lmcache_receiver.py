@@ -224,12 +224,12 @@ class LMCacheReceiver(KVReceiver):
         got = self.store.fetch([(k, w.size) for k, w, _ in items])
         if not got:
             return False
-        if self.limiter is not None:
-            self.limiter.consume(sum(len(d) for d in got.values()))
         for key, want, state in items:
             data = got.get(key)
             if data is None:
                 continue
+            if self.limiter is not None:  # object by object, as a link would hand them on
+                self.limiter.consume(len(data))
             self.reads += 1
             self.read_order.append((state.handle.request_id, want.kind))
             pending = state.anchors if want.kind == Kind.ANCHOR else state.residuals
