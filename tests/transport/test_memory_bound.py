@@ -333,17 +333,23 @@ def test_thousands_of_refused_requests_cost_only_the_request_table(receiver):
 
 
 def test_tiny_frames_claiming_huge_pages_allocate_nothing_large(receiver):
-    """16 int8 frames of 5 KiB (a 64-token page's payload), each claiming 16 heads x 8192
-    tokens x 128 (64 MiB of bf16 KV; the template the decoder once built for it cost ~10x
-    that): refused or failed at decode, before anything of the claimed size exists."""
-    codec = small_codec("int8")
-    good = frames_of(1, codec, make_layers(1, 64))[0]
+    """16 frames of a 64-token page's payload (4 each of int8, kivi4 and quantspec, decoded
+    by TensorCodec.decode_page or its serde, and lynx), each claiming 16 heads x 8192 tokens
+    x 128 (64 MiB of bf16 KV; the zero template the decoder once built for such a claim cost
+    ~10x that): refused or failed at decode, before anything of the claimed size exists."""
+    import lynx_npu
+
+    frames = []
+    for name in ("int8", "kivi4", "quantspec", "lynx"):
+        codec = lynx_npu.get_codec(name, page_size=8192)  # the claimed page fits the codec
+        good = frames_of(1, codec, make_layers(1, 64))[0]
+        for _ in range(4):
+            frames.append(with_fields(good, request_id=30_000 + len(frames), token_end=8192,
+                                      num_tokens=8192, num_kv_heads=16, head_dim=128))
     peer = RawPeer(receiver.port)
     try:
         with _measured(receiver, "16 tiny frames claiming 64 MiB pages", SLACK) as sent:
-            for i in range(16):
-                raw = with_fields(good, request_id=30_000 + i, token_end=8192, num_tokens=8192,
-                                  num_kv_heads=16, head_dim=128)
+            for raw in frames:
                 sent[0] += len(raw)
                 peer.send_raw(raw)
                 assert peer.read().kind in (Kind.ACK, Kind.ERROR)
