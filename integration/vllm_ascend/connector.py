@@ -133,6 +133,8 @@ class LynxConnector(KVConnectorBase):
     # -- statistics (stats.py): counted by the scheduler half, shown by vLLM's loggers ---------
     def get_kv_connector_stats(self) -> LynxStats | None:
         if self.scheduler_half is None:  # workers count nothing, but vLLM 0.23 needs a report
+            if self.config.role == "consumer":  # the receiver-slot gauge (stats.GAUGES)
+                return LynxStats.gauges(self.worker.receiver_active_requests)
             return worker_connector_stats(LynxStats())
         return self.scheduler_half.stats.take()
 

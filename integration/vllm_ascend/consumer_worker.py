@@ -51,6 +51,11 @@ class PageInbox:
             pages = self._pages.pop(transfer_id, {})
         return [(layer, p) for (layer, _), p in pages.items()]
 
+    def num_transfers(self) -> int:
+        """Transfers with pages waiting to be decoded."""
+        with self._lock:
+            return len(self._pages)
+
     def close(self, transfer_id: int) -> None:
         with self._lock:
             self._pages.pop(transfer_id, None)
@@ -85,6 +90,20 @@ class ConsumerWorker:
     @property
     def port(self) -> int:
         return self.receiver.port
+
+    @property
+    def receiver_active_requests(self) -> int:
+        """Receiver slots held now (transfers in progress); the stats' gauge of that name. The
+        Mooncake receiver keeps no slot count: there, the transfers this worker follows."""
+        n = getattr(self.receiver, "num_active_requests", None)
+        return len(self._transfers) if n is None else n
+
+    def leak_state(self) -> dict:
+        """What this worker still holds for Lynx requests (all empty when none is in flight):
+        receiver slots, transfers followed, pages waiting in the inbox, copy jobs."""
+        return {"receiver_active_requests": self.receiver_active_requests,
+                "transfers": {rid: t.stage for rid, t in self._transfers.items()},
+                "inbox": self.inbox.num_transfers(), "jobs": len(self._jobs)}
 
     def register(self, kv: PagedKVCache) -> None:
         self.kv = kv

@@ -45,3 +45,23 @@ def test_prometheus_counters():
         assert REGISTRY.get_sample_value(f"vllm:lynx_{name}_total", {"engine": "0"}) == \
             {"verifications": 2, "drafts_proposed": 30, "drafts_accepted": 21}.get(name, 0)
 
+
+def test_receiver_gauge_merges_by_max_and_reaches_prometheus():
+    worker = LynxStats.gauges(3)
+    assert not worker.is_empty() and LynxStats.gauges(0).is_empty()
+    # Two tensor-parallel ranks' reports, then the scheduler half's counters of the step.
+    step = worker.aggregate(LynxStats.gauges(1)).aggregate(LynxStats(data={"recomputes": 2}))
+    assert step.data["receiver_active_requests"] == 3 and step.data["recomputes"] == 2
+    assert step.reduce()["lynx_receiver_active_requests"] == 3
+    assert LynxConnector.build_kv_connector_stats(stats_payload(step)).data == step.data
+    with pytest.raises(ValueError, match="receiver_active_requests"):
+        LynxStats.gauges(-1)
+    for collector in list(REGISTRY._collector_to_names):  # as vLLM's unregister_vllm_metrics
+        if any(n.startswith("vllm:lynx") for n in REGISTRY._collector_to_names[collector]):
+            REGISTRY.unregister(collector)
+    prom = LynxConnector.build_prom_metrics(
+        VllmConfig(), {Gauge: Gauge, Counter: Counter, Histogram: Histogram}, ["engine"], {0: ["0"]})
+    for value in (4, 0):  # a gauge: the latest report, not a sum
+        prom.observe(LynxStats.gauges(value).data, 0)
+        assert REGISTRY.get_sample_value("vllm:lynx_receiver_active_requests",
+                                         {"engine": "0"}) == value
