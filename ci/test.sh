@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/install.sh
 export TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export LMCACHE_TRACK_USAGE=false  # LMCache reports usage to its authors unless told not to
 # libibverbs unpacked into .deps/ when it could not be installed (ci/install_mooncake.sh)
 LD_LIBRARY_PATH="$(bash ci/mooncake_env.sh)" && export LD_LIBRARY_PATH
 export MC_LOG_LEVEL="${MC_LOG_LEVEL:-ERROR}"  # the Mooncake engine logs at INFO otherwise

