@@ -13,9 +13,10 @@ requests arrive while others wait for their KV, draft or verify, and are aborted
 those phases. Checked and reported per mode:
 
 * every completed answer equals its reference (greedy, ``ignore_eos``, ``--max-tokens``);
-* afterwards both servers hold nothing: ``vllm:num_requests_running`` and ``_waiting`` are 0 and
-  ``vllm:kv_cache_usage_perc`` is 0 on their ``/metrics`` (polled up to ``--settle-s``), and they
-  are healthy;
+* afterwards both servers hold nothing: ``vllm:num_requests_running`` and ``_waiting`` are 0,
+  ``vllm:kv_cache_usage_perc`` is 0 and, where the server exports it (a Lynx decode server),
+  ``vllm:lynx_receiver_active_requests`` is 0 on their ``/metrics`` (polled up to
+  ``--settle-s``), and they are healthy;
 * requests, completed / aborted, output tokens per second, client-visible TTFT and TT32 (the
   32nd token; chunks carry ``usage`` with ``continuous_usage_stats``) p50 / p95.
 
@@ -38,6 +39,8 @@ from lynx_npu.cli_types import int_in, names, number_in, optional_output_file
 
 REFERENCE = {"lynx": "lynx-int8"}   # a mode's full-cache reference codec (others: itself)
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+# Exported by a Lynx decode server once its workers have reported (integration stats.GAUGES)
+OPTIONAL_GAUGES = ("vllm:lynx_receiver_active_requests",)
 
 
 @dataclass
@@ -89,11 +92,14 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def parse_gauges(metrics: str) -> dict[str, float]:
-    """The sum over label sets of each of :data:`GAUGES` in a Prometheus text page."""
+    """The sum over label sets of each of :data:`GAUGES` (and of :data:`OPTIONAL_GAUGES`
+    present) in a Prometheus text page."""
     out = {}
-    for name in GAUGES:
+    for name in GAUGES + OPTIONAL_GAUGES:
         values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", metrics, re.M)
         if not values:
+            if name in OPTIONAL_GAUGES:
+                continue
             raise ValueError(f"{name} is missing from /metrics")
         out[name] = sum(float(v) for v in values)
     return out

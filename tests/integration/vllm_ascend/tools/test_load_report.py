@@ -25,6 +25,12 @@ def test_gauges_summed_over_engines():
                                           "vllm:kv_cache_usage_perc": 0.375}
 
 
+def test_the_lynx_receiver_gauge_is_read_where_exported():
+    lynx = METRICS + 'vllm:lynx_receiver_active_requests{engine="0",model_name="m"} 3.0\n'
+    assert load.parse_gauges(lynx)["vllm:lynx_receiver_active_requests"] == 3.0
+    assert "vllm:lynx_receiver_active_requests" not in load.parse_gauges(METRICS)
+
+
 def test_a_missing_gauge_is_named():
     with pytest.raises(ValueError, match="vllm:kv_cache_usage_perc"):
         load.parse_gauges(METRICS.replace("kv_cache_usage_perc", "other"))
