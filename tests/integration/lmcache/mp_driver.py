@@ -40,10 +40,16 @@ def wait_recovered(log: pathlib.Path, count: int, timeout_s: float = 60.0) -> No
         time.sleep(0.1)
 
 
+def _die_with_parent() -> None:
+    """The server gets SIGTERM (LMCache's shutdown) if this driver dies first (Linux)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start_server(args: list[str], log: pathlib.Path, timeout_s: float = 60.0):
     f = log.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "lynx_npu.integration.lmcache.server", *args],
-                            stdout=f, stderr=subprocess.STDOUT,
+                            stdout=f, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
                             env={**os.environ, "LMCACHE_TRACK_USAGE": "false"})
     t0 = time.monotonic()
     while "cache server is running..." not in log.read_text():
