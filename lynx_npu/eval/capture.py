@@ -3,7 +3,8 @@
 Transformers (>= 4.48, tested on 5.19) routes attention through ``AttentionInterface``:
 ``LlamaAttention.forward`` projects, applies rotary embeddings, then calls the function
 registered under ``config._attn_implementation`` with ``(module, query, key, value, mask, ...)``
-of shapes ``[batch, heads, T, D]``. We register one more function, ``"lynx_capture"``, that
+of shapes ``[batch, heads, T, D]`` and keyword arguments that include the layer's ``scaling``
+and, for a sliding-window layer (Gemma 3's local layers), ``sliding_window``; both are kept. We register one more function, ``"lynx_capture"``, that
 records exactly those tensors (what the attention kernel sees) and then runs the stock SDPA
 kernel, so the model's output is unchanged. The mask interface gets SDPA's mask builder under
 the same name.
@@ -27,6 +28,8 @@ class LayerQKV:
     k: torch.Tensor                  # [num_kv_heads, T, D], post-RoPE
     v: torch.Tensor                  # [num_kv_heads, T, D]
     out: torch.Tensor | None = None  # [num_heads, T, D]: the kernel's output (before o_proj)
+    window: int | None = None        # sliding window of a local layer (Gemma 3), None = global
+    scale: float | None = None       # softmax scale the layer uses (None: 1/sqrt(D))
 
     @property
     def num_kv_groups(self) -> int:
@@ -62,7 +65,8 @@ def _capture_attention(module, query, key, value, attention_mask, **kwargs):
         rec.layers[idx] = LayerQKV(
             q=q.detach().float().clone(), k=key[0].detach().float().clone(),
             v=value[0].detach().float().clone(),
-            out=o.detach().float().clone() if o is not None else None)
+            out=o.detach().float().clone() if o is not None else None,
+            window=kwargs.get("sliding_window"), scale=kwargs.get("scaling"))
         if rec.on_layer is not None:
             rec.on_layer(idx)
     return out, weights

