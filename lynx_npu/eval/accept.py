@@ -61,8 +61,16 @@ def prefill(model, input_ids: torch.Tensor) -> PromptKV:
     if input_ids.dim() != 1 or input_ids.numel() == 0:
         raise ValueError(f"input_ids must be a non-empty 1-D tensor, got shape "
                          f"{tuple(input_ids.shape)}")
+    from transformers import DynamicCache
+
+    # A cache built without the config has only full layers: a sliding-window layer (Gemma 3's
+    # local layers) keeps every prompt position instead of its last window - 1 (the default
+    # cache's), so the codecs see the whole prompt's KV as on every other layer, and the decode
+    # cache (greedy_decode) refilled from it knows the prompt's length. The prefill's output is
+    # the same either way: the mask, not the cache, applies the window.
     with torch.inference_mode():
-        out = model(input_ids=input_ids[None].to(model.device), use_cache=True, logits_to_keep=1)
+        out = model(input_ids=input_ids[None].to(model.device), past_key_values=DynamicCache(),
+                    use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
     layers = [(layer.keys[0].float().clone(), layer.values[0].float().clone())
               for layer in cache.layers]

@@ -45,3 +45,19 @@ def test_capture_gemma3_sliding_and_global_layers(gemma3, data_dir):
     local = layers[0]
     assert not torch.allclose(causal_attention(local.q, local.k, local.v, scale=local.scale),
                               local.out, rtol=1e-4, atol=1e-4)
+
+
+def test_accept_prefill_and_decode_match_generate_past_the_window(gemma3, data_dir):
+    """lynx eval accept's prefill keeps every position of the local layers, and decoding from
+    that cache is the model's own greedy continuation (with the default cache's 511-token local
+    layers it was not: the positions restarted at 511)."""
+    from lynx_npu.eval.accept import greedy_decode, prefill
+    from lynx_npu.eval.model import load_text
+
+    ids = load_text(data_dir / "paul_graham_essays", N, gemma3.tokenizer)
+    kv = prefill(gemma3.model, ids)
+    assert [k.shape for k, _ in kv.layers] == [torch.Size((1, N, 256))] * 18
+    with torch.inference_mode():
+        ref = gemma3.model.generate(ids[None], max_new_tokens=7, do_sample=False)[0, N:].tolist()
+    assert kv.first_token == ref[0]
+    assert greedy_decode(gemma3.model, [kv.layers], kv.first_token, 6) == [ref[1:]]
