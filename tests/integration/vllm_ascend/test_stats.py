@@ -37,7 +37,21 @@ def test_bad_counts_are_refused():
         LynxStats(data={"bytes": 1})
 
 
-def test_prometheus_counters():
+@pytest.fixture
+def registry():
+    """The process-wide Prometheus registry without Lynx's metrics: an engine started
+    earlier in this process with statistics on (test_failures.py) registered them there, and
+    registering a name twice raises. Removed as vLLM's unregister_vllm_metrics does."""
+    def clear():
+        for collector in list(REGISTRY._collector_to_names):
+            if any(n.startswith("vllm:lynx") for n in REGISTRY._collector_to_names[collector]):
+                REGISTRY.unregister(collector)
+    clear()
+    yield REGISTRY
+    clear()
+
+
+def test_prometheus_counters(registry):
     prom = LynxConnector.build_prom_metrics(
         VllmConfig(), {Gauge: Gauge, Counter: Counter, Histogram: Histogram}, ["engine"], {0: ["0"]})
     prom.observe({"verifications": 2, "drafts_proposed": 30, "drafts_accepted": 21}, 0)
@@ -46,7 +60,7 @@ def test_prometheus_counters():
             {"verifications": 2, "drafts_proposed": 30, "drafts_accepted": 21}.get(name, 0)
 
 
-def test_receiver_gauge_merges_by_max_and_reaches_prometheus():
+def test_receiver_gauge_merges_by_max_and_reaches_prometheus(registry):
     worker = LynxStats.gauges(3)
     assert not worker.is_empty() and LynxStats.gauges(0).is_empty()
     # Two tensor-parallel ranks' reports, then the scheduler half's counters of the step.
@@ -56,9 +70,6 @@ def test_receiver_gauge_merges_by_max_and_reaches_prometheus():
     assert LynxConnector.build_kv_connector_stats(stats_payload(step)).data == step.data
     with pytest.raises(ValueError, match="receiver_active_requests"):
         LynxStats.gauges(-1)
-    for collector in list(REGISTRY._collector_to_names):  # as vLLM's unregister_vllm_metrics
-        if any(n.startswith("vllm:lynx") for n in REGISTRY._collector_to_names[collector]):
-            REGISTRY.unregister(collector)
     prom = LynxConnector.build_prom_metrics(
         VllmConfig(), {Gauge: Gauge, Counter: Counter, Histogram: Histogram}, ["engine"], {0: ["0"]})
     for value in (4, 0):  # a gauge: the latest report, not a sum
