@@ -28,15 +28,26 @@ import time
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 HEARTBEAT_S = 0.5
 RECOVERED = "Finished re-registering KV caches"  # the worker side of LMCache's heartbeat
+# Logged by each of the connector's two adapters (scheduler side and worker side; each has its
+# own heartbeat) when it leaves degraded mode. Until the scheduler side has, its lookups find
+# nothing: a request sent after the worker side's recovery alone was computed, not loaded.
+RESUMED = "LMCache server is healthy again \u2014 resuming normal operation"
+ADAPTERS = 2
 
 
 def wait_recovered(log: pathlib.Path, count: int, timeout_s: float = 60.0) -> None:
-    """Until vLLM's log (its engine core's, in a child process) shows ``count`` recoveries."""
+    """Until vLLM's log (its engine core's, in a child process) shows ``count`` recoveries of
+    the worker side (KV caches re-registered) and of both adapters (out of degraded mode)."""
     t0 = time.monotonic()
-    while log.read_text(errors="replace").count(RECOVERED) < count:
+    while True:
+        text = log.read_text(errors="replace")
+        if text.count(RECOVERED) >= count and text.count(RESUMED) >= ADAPTERS * count:
+            return
         if time.monotonic() - t0 > timeout_s:
-            raise RuntimeError("the connector did not re-register with the new server in "
-                               f"{timeout_s} s")
+            raise RuntimeError(
+                f"the connector did not recover with the new server in {timeout_s} s: "
+                f"{text.count(RECOVERED)} re-registrations and {text.count(RESUMED)} adapter "
+                f"resumptions in {log}, wanted {count} and {ADAPTERS * count}")
         time.sleep(0.1)
 
 
