@@ -28,6 +28,8 @@ COMMANDS: dict[tuple[str | None, str], tuple[str, str]] = {
     ("bench", "transfer"): ("lynx_npu.transport.bench_cmd", "split-stream transfer over loopback"),
     ("bench", "datapath"): ("lynx_npu.eval.bench_datapath",
                             "paged cache -> compress -> loopback TCP -> decompress into a cache"),
+    ("bench", "ttkt"): ("lynx_npu.integration.vllm_ascend.tools.ttkt_sweep",
+                        "TTFT/TT64 of lynx vs int8 across prompt lengths and link rates"),
     (None, "demo"): ("lynx_npu.integration.vllm_ascend.tools.demo",
                      "prefill + decode vLLM instances with Lynx KV transfer"),
 }
