@@ -9,6 +9,11 @@ fails the request instead of passing for a duplicate.
 
 Each page moves through levels 0 (nothing) -> 1 (anchor dequantized) -> 2 (full precision);
 a write only ever raises the level, so a late anchor decode cannot overwrite refined values.
+A page's write (the consumer's callback, or the copy into ``k`` / ``v``) runs outside the
+request's lock, so the reader threads keep admitting frames meanwhile (held, it serialised the
+link behind the consumer: on loopback the readers spent most of their time waiting for it);
+writes of one page are serialised, and ``fail`` returns only once no other thread is writing,
+so after a release the consumer's memory (a freed cache block) is never written again.
 ``anchor_ready`` is set when every token of every layer is at level >= 1, ``residual_ready``
 when all are at level 2 (one-stream codecs reach 2 directly and set both).
 """
@@ -68,6 +73,8 @@ class ReceiveHandle:
         # (monotonic time, kind, layer, page, wire bytes) of every new frame, in arrival order
         self.arrivals: list[tuple[float, int, int, int, int]] = []
         self._lock = threading.Lock()
+        self._written = threading.Condition(self._lock)  # a page write finished
+        self._writing: dict[tuple[int, int], int] = {}  # page -> thread writing it now
         self._meta: tuple | None = None
         self._two_stream = False
         self._ranges: dict[int, dict[int, tuple[int, int]]] = {}
@@ -102,11 +109,16 @@ class ReceiveHandle:
                 f"{sum(self._full_tokens)}/{total} layer-tokens")
 
     def fail(self, error: BaseException) -> None:
+        """Fail the request; returns once no other thread writes one of its pages (settled
+        first, so no write starts after it)."""
         with self._lock:
             self._stored.clear()
             self._held.clear()
         self.anchor_ready.fail(error)
         self.residual_ready.fail(error)
+        me = threading.get_ident()  # a consumer callback may fail its own request
+        with self._written:
+            self._written.wait_for(lambda: all(t == me for t in self._writing.values()))
 
     # -- admission (reader threads) -----------------------------------------------------------
     def admit(self, frame: Frame, wire_bytes: int, get_codec, max_request_bytes: int,
@@ -200,24 +212,34 @@ class ReceiveHandle:
     def apply(self, job: PageJob, k: torch.Tensor | None, v: torch.Tensor | None,
               full: bool, on_page: OnPage | None) -> None:
         level = 2 if full or not self._two_stream else 1
-        with self._lock:
-            if self.finished or self._level.get((job.layer, job.page), 0) >= level:
+        key, (s, e) = (job.layer, job.page), (job.token_start, job.token_end)
+        with self._written:
+            self._written.wait_for(lambda: key not in self._writing)
+            if self.finished or self._level.get(key, 0) >= level:
                 return
-            s, e = job.token_start, job.token_end
+            if on_page is None and job.layer not in self.k:
+                shape = (self.num_kv_heads, self.num_tokens, self.head_dim)
+                self.k[job.layer] = torch.empty(shape, dtype=self.dtype)
+                self.v[job.layer] = torch.empty(shape, dtype=self.dtype)
+            self._writing[key] = threading.get_ident()
+        written = False
+        try:
             if on_page is not None:
                 stage = ("full" if level == 2 else "anchor") if self._two_stream \
                     else self.codec.stages[-1]
                 on_page(self.request_id, job.layer, s, e, k, v, stage)
             else:
-                if job.layer not in self.k:
-                    shape = (self.num_kv_heads, self.num_tokens, self.head_dim)
-                    self.k[job.layer] = torch.empty(shape, dtype=self.dtype)
-                    self.v[job.layer] = torch.empty(shape, dtype=self.dtype)
                 self.k[job.layer][:, s:e] = k
                 self.v[job.layer][:, s:e] = v
-            if level == 2:
-                self._stored.pop((job.layer, job.page), None)
-            self._raise_level(job.layer, job.page, s, e, level)
+            written = True
+        finally:
+            with self._written:
+                del self._writing[key]
+                self._written.notify_all()
+                if written and not self.finished:  # failed meanwhile: nothing to count
+                    if level == 2:
+                        self._stored.pop(key, None)
+                    self._raise_level(job.layer, job.page, s, e, level)
 
     def _raise_level(self, layer: int, page: int, start: int, end: int, level: int) -> None:
         """Count the page's tokens at its new level; set the events when a stage completes.

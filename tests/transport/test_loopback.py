@@ -148,14 +148,16 @@ def test_close_wakes_waiters_with_an_error():
 
 def test_bad_send_arguments():
     codec = small_codec("lynx")
-    with pair() as (_, sender, _p):
+    # a slow link keeps request 2 in flight for the duplicate below (at full speed it could
+    # be acknowledged first)
+    with pair(sender_kw={"gbps": 0.001}) as (_, sender, _p):
         with pytest.raises(ValueError, match="non-empty"):
             sender.send(1, codec, [])
         with pytest.raises(ValueError, match="request_id"):
             sender.send(-1, codec, make_layers(1, 10))
         with pytest.raises(ValueError, match="codec_id"):
             sender.send(1, object(), make_layers(1, 10))
-        sender.send(2, codec, make_layers(1, 10))
+        sender.send(2, codec, make_layers(2, 300))
         with pytest.raises(ValueError, match="already being sent"):
             sender.send(2, codec, make_layers(1, 10))
         bad = sender.send(3, codec, [(torch.zeros(2, 4, 4), torch.zeros(2, 5, 4))])
