@@ -24,6 +24,7 @@ COMMANDS: dict[tuple[str | None, str], tuple[str, str]] = {
     ("eval", "codecs"): ("lynx_npu.eval.codecs_cmd", "codec error on real KV of a real model"),
     ("eval", "sweep"): ("lynx_npu.eval.sweep_cmd", "alpha / V-axis / sink sweep with a PNG plot"),
     ("eval", "accept"): ("lynx_npu.eval.accept_cmd", "drafts accepted per codec on real prompts"),
+    ("eval", "quality"): ("lynx_npu.eval.quality_cmd", "ppl, needle, QMSum, MMLU-Pro per codec"),
     ("bench", "kernels"): ("lynx_npu.eval.bench_kernels", "compress/decompress GB/s per backend"),
     ("bench", "transfer"): ("lynx_npu.transport.bench_cmd", "split-stream transfer over loopback"),
     ("bench", "datapath"): ("lynx_npu.eval.bench_datapath",

@@ -103,12 +103,23 @@ def reconstruct(codec, layers: Layers, stages: tuple[str, ...]) -> Reconstructio
     return out
 
 
+def past_cache(model, variants: list[Layers]):
+    """A decode cache holding the prompt caches of ``variants`` (same shapes) as one batch,
+    built with the model's config (sliding-window layers keep their window, as in serving)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    for i in range(len(variants[0])):
+        k = torch.stack([layers[i][0] for layers in variants]).float().to(model.device)
+        v = torch.stack([layers[i][1] for layers in variants]).float().to(model.device)
+        cache.update(k, v, i)
+    return cache
+
+
 def greedy_decode(model, variants: list[Layers], first_token: int, num_tokens: int,
                   on_step: Callable[[], None] | None = None) -> list[list[int]]:
     """``num_tokens`` greedy tokens after ``first_token`` from each prompt cache of
     ``variants`` (same shapes), decoded as one batch; EOS is not special."""
-    from transformers import DynamicCache
-
     if num_tokens < 1 or not variants:
         raise ValueError(f"need num_tokens >= 1 and at least one variant, got {num_tokens=}, "
                          f"{len(variants)} variants")
@@ -116,11 +127,7 @@ def greedy_decode(model, variants: list[Layers], first_token: int, num_tokens: i
     if len(shapes) != 1:
         raise ValueError(f"variants have different prompt shapes {sorted(shapes)}")
     batch = len(variants)
-    cache = DynamicCache(config=model.config)
-    for i in range(len(variants[0])):
-        k = torch.stack([layers[i][0] for layers in variants]).float().to(model.device)
-        v = torch.stack([layers[i][1] for layers in variants]).float().to(model.device)
-        cache.update(k, v, i)
+    cache = past_cache(model, variants)
     token = torch.full((batch, 1), first_token, dtype=torch.int64, device=model.device)
     out: list[list[int]] = [[] for _ in range(batch)]
     with torch.inference_mode():
