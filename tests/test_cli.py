@@ -67,6 +67,7 @@ BAD = [
     ("demo --prompts 0", "--prompts", 2),
     ("demo --json /nonexistent/x.json", "--json", 2),
     ("demo --data /nonexistent.jsonl", "--data", 2),
+    ("demo --model llama3", "--model", 2),
 ]
 
 

@@ -1,6 +1,7 @@
 """``lynx demo``: disaggregated prefill/decode with Lynx on this machine, against the baselines.
 
-Starts a prefill and a decode vLLM instance with the bundled SmolLM2-135M-Instruct, prefills
+Starts a prefill and a decode vLLM instance with the bundled SmolLM2-135M-Instruct (or, with
+``--model gemma3``, Gemma 3 270M: model_prep.py), prefills
 real long QMSum prompts once, and moves each prompt's KV over the built-in split-stream
 transport at an emulated link rate with every codec (bf16, int8, int4, lynx-int8, lynx); the
 decode instance decodes 64 greedy tokens each time. Prints time to the 1st/32nd/64th token
@@ -22,6 +23,10 @@ MODES = ("bf16", "int8", "int4", "lynx-int8", "lynx")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=("smollm2", "gemma3"), default="smollm2",
+                        help="smollm2: SmolLM2-135M-Instruct (default); gemma3: Gemma 3 270M "
+                             "base (sliding-window and global layers; vLLM allocates every "
+                             "layer full-length, docs/demo.md)")
     parser.add_argument("--gbps", type=number_in(0, 1e5, low_open=True), default=0.2,
                         help="emulated prefill->decode link rate in Gbit/s (default 0.2: the "
                              "transfer dominates on this small model)")
@@ -48,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="PNG",
                         help="time-to-k-th-token plot (default lynx_demo_ttkt.png; '' for none)")
     parser.add_argument("--model-dir", type=not_a_file, default=None,
-                        help="where the converted model lives (default ~/.cache/lynx_npu/...)")
+                        help="where the converted model lives (default: the model's "
+                             "directory under ~/.cache/lynx_npu)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,12 +68,12 @@ def _main(args, modes: list[str]) -> int:
     from . import demo_report as report
     from .demo_data import load_prompts
     from .local_pair import LocalPair, PairConfig, configure_cpu_threads
-    from .model_prep import ensure_model_dir
+    from .model_prep import display_name, ensure_model_dir
 
     t_start = time.monotonic()
     say = _printer(t_start)
     configure_cpu_threads()
-    model = str(ensure_model_dir(args.model_dir, log=say))
+    model = str(ensure_model_dir(args.model_dir, log=say, model=args.model))
     pair = LocalPair(PairConfig(model, gbps=args.gbps, transport=args.transport,
                                 max_drafts=args.max_drafts,
                                 max_model_len=max(4096, args.prompt_tokens + args.max_tokens
@@ -102,16 +108,16 @@ def _main(args, modes: list[str]) -> int:
 
     results = report.summarize(runs, modes)
     print()
-    print(f"Lynx demo: SmolLM2-135M-Instruct, {len(prompts)} QMSum prompts, "
+    print(f"Lynx demo: {display_name(args.model)}, {len(prompts)} QMSum prompts, "
           f"{args.gbps:g} Gbps emulated link, medians (times from the start of decoding)")
     print(report.table(results))
     for line in report.targets(results):
         print(line)
     if args.json_out:
-        report.write_json(args.json_out, results, args.gbps, len(prompts))
+        report.write_json(args.json_out, results, args.gbps, len(prompts), args.model)
         print(f"JSON: {args.json_out}")
     if args.plot:
-        report.plot(args.plot, runs, modes, args.gbps)
+        report.plot(args.plot, runs, modes, args.gbps, display_name(args.model))
         print(f"plot: {args.plot}")
     print(f"total {time.monotonic() - t_start:.0f} s")
     return 0

@@ -77,14 +77,15 @@ def _accepted_per_verification(rs) -> float:
     return statistics.fmean(per) if per else float("nan")
 
 
-def to_json(results: list[ModeResult], gbps: float, num_prompts: int) -> dict:
-    return {"gbps": float(gbps), "prompts": int(num_prompts),
-            "modes": [r.to_json() for r in results]}
+def to_json(results: list[ModeResult], gbps: float, num_prompts: int,
+            model: str | None = None) -> dict:
+    return {**({"model": model} if model else {}), "gbps": float(gbps),
+            "prompts": int(num_prompts), "modes": [r.to_json() for r in results]}
 
 
-def write_json(path, results, gbps, num_prompts) -> None:
+def write_json(path, results, gbps, num_prompts, model: str | None = None) -> None:
     with open(path, "w") as f:
-        json.dump(to_json(results, gbps, num_prompts), f, indent=2)
+        json.dump(to_json(results, gbps, num_prompts, model), f, indent=2)
         f.write("\n")
 
 
@@ -122,7 +123,8 @@ def targets(results: list[ModeResult]) -> list[str]:
     return lines
 
 
-def plot(path, runs: dict[str, list], modes: list[str], gbps: float) -> None:
+def plot(path, runs: dict[str, list], modes: list[str], gbps: float,
+         model_name: str = "SmolLM2-135M") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -135,7 +137,7 @@ def plot(path, runs: dict[str, list], modes: list[str], gbps: float) -> None:
         ax.plot(ys, ks, label=mode, linewidth=2 if mode == "lynx" else 1.2)
     ax.set_xlabel("seconds from the start of decoding")
     ax.set_ylabel("k-th output token")
-    ax.set_title(f"Time to k-th token, SmolLM2-135M, {gbps:g} Gbps link "
+    ax.set_title(f"Time to k-th token, {model_name}, {gbps:g} Gbps link "
                  f"(median of {len(next(iter(runs.values())))} QMSum prompts)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -42,6 +42,7 @@ def test_summary_json_and_reference():
     assert abs(by["bf16"].tt64_s - 7.3) < 1e-9
     doc = json.loads(json.dumps(demo_report.to_json(results, 0.2, 2)))
     assert set(doc) == {"gbps", "prompts", "modes"} and doc["prompts"] == 2
+    assert demo_report.to_json(results, 0.2, 2, "gemma3")["model"] == "gemma3"
     assert set(doc["modes"][0]) == {"mode", "ttft_s", "tt32_s", "tt64_s", "drafts_proposed",
                                     "drafts_accepted", "matches_reference"}
     assert "lynx" in demo_report.table(results)
