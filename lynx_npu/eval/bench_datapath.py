@@ -73,6 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", choices=CODECS, default="lynx")
     parser.add_argument("--backend", default=None, help="ops backend (default: automatic)")
     parser.add_argument("--connections", type=int_in(1, 16), default=4, help="TCP connections")
+    parser.add_argument("--decode-threads", type=int_in(1, 64), default=1,
+                        help="the receiver's page workers (ReceiverConfig.num_decode_threads, "
+                             "the connector's num_decode_threads; default 1, as there): each "
+                             "hands its pages on, here a copy into one host buffer")
     parser.add_argument("--wire-peer", choices=("process", "thread"), default="process",
                         help="where the wire stage's sender runs: a process of its own, as "
                              "prefill is in a deployment (default), or a thread of this one")
@@ -127,7 +131,8 @@ def _inbox(serde, shape, dtype):
     return place, raw
 
 
-def _wire(serde, codec, codec_name, layers, shape, dtype, connections, peer, repeats):
+def _wire(serde, codec, codec_name, layers, shape, dtype, connections, peer, repeats,
+          decode_threads=1):
     """Send the staged layers over loopback ``repeats`` times -> (median seconds, frame bytes
     of one request, the pages received). The sender runs in a process of its own
     (``peer="process"``, lynx_npu/eval/wire_peer.py) or on a thread of this one (``"thread"``:
@@ -153,7 +158,8 @@ def _wire(serde, codec, codec_name, layers, shape, dtype, connections, peer, rep
             whole[r_off:r_off + r] if page.residual is not None else None)
 
     times = []
-    with Receiver(ReceiverConfig(deadline_s=600, max_request_bytes=1 << 40),
+    with Receiver(ReceiverConfig(deadline_s=600, max_request_bytes=1 << 40,
+                                 num_decode_threads=decode_threads),
                   on_encoded=on_encoded) as receiver:
         send = _thread_peer if peer == "thread" else _process_peer
         with send(receiver.port, codec, codec_name, layers, shape, dtype, connections) as go:
@@ -316,10 +322,11 @@ def run(args) -> int:
          f"{d2h_first_s * 1e3:.1f} ms)")
     # 3. loopback TCP
     wire_s, frame_bytes, received = _wire(serde, codec, args.codec, encoded, shape, dtype,
-                                          args.connections, args.wire_peer, repeats)
+                                          args.connections, args.wire_peer, repeats,
+                                          args.decode_threads)
     _log(f"wire {wire_s:.3f} s: {frame_bytes * 8 / wire_s / 1e9:.2f} Gbit/s "
-         f"(median of {repeats}; {args.connections} connections, the sender in a "
-         f"{args.wire_peer} of its own)")
+         f"(median of {repeats}; {args.connections} connections, {args.decode_threads} "
+         f"decode threads, the sender in a {args.wire_peer} of its own)")
     # 4. stage the received pages to the device, 5. decompress into the second cache
     staged = _stage_received(serde, received, dst)
     del staged
@@ -345,7 +352,10 @@ def run(args) -> int:
            "compress_kv_gbps": kv_bytes / compress_s / 1e9,
            "d2h_s": d2h_s, "d2h_gbps": wire_bytes / d2h_s / 1e9, "d2h_first_s": d2h_first_s,
            "wire_s": wire_s, "wire_gbps": frame_bytes * 8 / wire_s / 1e9,
-           "connections": args.connections,
+           "connections": args.connections, "decode_threads": args.decode_threads,
+           # glibc's thresholds decide whether freed receive buffers go back to the OS (and
+           # fault in again): docs/benchmarks.md, "Wire"
+           "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
            "wire_peer": args.wire_peer, "h2d_s": h2d_s, "decompress_s": decompress_s,
            "decompress_gbps": (kv_bytes + wire_bytes) / decompress_s / 1e9,
            "decompress_kv_gbps": kv_bytes / decompress_s / 1e9,
