@@ -80,3 +80,24 @@ def test_generate_starts_with_the_prefills_token_then_decodes(tiny, ids):
     ref = ref[0, len(ids):].tolist()
     assert out["bf16"] == ref and out["int4"][0] == ref[0] and len(out["int4"]) == 6
     assert quality.generate(tiny, caches, first, 1) == {"bf16": [first], "int4": [first]}
+
+
+def test_teacher_forcing_keeps_gemmas_sliding_window():
+    """A Gemma 3 layout (two 16-token sliding-window layers, one global): the teacher-forced
+    continuation over the refilled decode cache scores as a plain forward does."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=96, hidden_size=64, intermediate_size=128,
+                              num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+                              head_dim=32, max_position_embeddings=512, sliding_window=16,
+                              layer_types=["sliding_attention", "sliding_attention",
+                                           "full_attention"], initializer_range=0.2)
+    model = Gemma3ForCausalLM(config).eval()
+    ids = torch.randint(0, 96, (80,), generator=torch.Generator().manual_seed(1)).tolist()
+    kv = accept.prefill(model, torch.tensor(ids[:47]))
+    nll = quality.continuation_nll(model, kv.layers, ids[47], ids[48:])
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids])).logits[0]
+    assert nll == pytest.approx(float(torch.nn.functional.cross_entropy(
+        logits[47:-1], torch.tensor(ids[48:]))), rel=1e-5)
