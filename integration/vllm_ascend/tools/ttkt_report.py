@@ -37,6 +37,9 @@ def record(run, *, length: int, gbps: float, prompt: int, prompt_tokens: int,
            "client_tt32_s": run.client_time_to_token(k32),
            "client_tt64_s": run.client_time_to_token(k64),
            "wait_s": run.start - run.submitted_at,  # submission to first frame (not in TTKT)
+           # mean decode step after the first token (drafts and verification included)
+           "step_s": ((run.time_to_token(k64) - run.time_to_token(1)) / (k64 - 1)
+                      if k64 > 1 else None),
            "drafts_proposed": int(run.stats.get("drafts_proposed", 0)),
            "drafts_accepted": int(run.stats.get("drafts_accepted", 0)),
            "prefill_s": prefill_s}
@@ -55,7 +58,7 @@ def cells(records: list[dict]) -> list[dict]:
     for (length, gbps, mode), rs in groups.items():
         cell = {"length": length, "gbps": gbps, "mode": mode, "prompts": len(rs),
                 "prompt_tokens": _median(r.get("prompt_tokens") for r in rs)}
-        for name in TIMES + ("wait_s",) + tuple(s for s, _ in STAGES):
+        for name in TIMES + ("wait_s", "step_s") + tuple(s for s, _ in STAGES):
             cell[name] = _median(r[name] for r in rs)
         cell["drafts_accepted"] = _median(r["drafts_accepted"] for r in rs)
         cell["drafts_proposed"] = _median(r["drafts_proposed"] for r in rs)

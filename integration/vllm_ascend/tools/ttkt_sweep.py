@@ -172,7 +172,7 @@ def _main(args) -> int:
     from .local_pair import LocalPair, PairConfig, configure_cpu_threads
     from .model_prep import ensure_model_dir
 
-    t_start = time.monotonic()
+    t_start, commit = time.monotonic(), _commit()  # the tree measured, before others commit
     say = _printer(t_start)
     configure_cpu_threads()
     # set_prefill_link_rate is a function sent to this sweep's own prefill worker.
@@ -183,6 +183,7 @@ def _main(args) -> int:
     pair = LocalPair(PairConfig(str(model), gbps=rates[0], max_drafts=args.max_drafts,
                                 max_model_len=max_model_len, kv_cache_bytes=kv_bytes), log=say)
     startup_s = time.monotonic() - t_start
+    load_before = os.getloadavg()  # other work on the machine: recorded beside the times
     try:
         prompts = {n: load_prompts(pair.tokenizer, args.prompts, n, args.data)
                    for n in lengths}
@@ -200,7 +201,8 @@ def _main(args) -> int:
             "modes": modes, "prompts": args.prompts, "max_tokens": args.max_tokens,
             "max_drafts": args.max_drafts, "machine": _machine(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": _commit(), "startup_s": startup_s,
+            "commit": commit, "startup_s": startup_s,
+            "loadavg_1m": {"start": load_before[0], "end": os.getloadavg()[0]},
             "wall_s": time.monotonic() - t_start}
     doc = report.summarize(records, meta)
     print()

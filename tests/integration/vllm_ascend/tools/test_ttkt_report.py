@@ -33,6 +33,7 @@ def test_record_times_from_the_start_of_decoding():
     assert r["anchor_s"] == pytest.approx(0.2) and r["loaded_s"] == pytest.approx(0.3)
     assert r["residual_s"] is None and r["verified_s"] == pytest.approx(1.0)
     assert r["wait_s"] == pytest.approx(1.0) and r["drafts_accepted"] == 7
+    assert r["step_s"] == pytest.approx(0.1)
     short = report.record(_run("int8", 1.0, n=8), length=256, gbps=1.0, prompt=0,
                           prompt_tokens=250)
     assert short["tt64_s"] == short["tt32_s"] == pytest.approx(1.7)  # k capped at 8 tokens
