@@ -184,15 +184,17 @@ def execute(args: argparse.Namespace, loaded) -> int:
         info["results"] = summarize(task, records, labels, config)
         info["samples"] = records
         report["tasks"][task] = info
-    report["outside_noise"] = outside_noise(report)
-    report["total_s"] = time.perf_counter() - t_start
+        report["outside_noise"] = outside_noise(report)
+        report["complete"] = len(report["tasks"]) == len(paths)
+        report["total_s"] = time.perf_counter() - t_start
+        # written after every task, so a long run stopped early keeps the tasks it finished
+        if args.json_path:
+            pathlib.Path(args.json_path).write_text(to_json(report))
+            log(f"wrote {args.json_path} ({len(report['tasks'])} of {len(paths)} tasks)")
+        if args.plot:
+            plot(report, pathlib.Path(args.plot))
+            log(f"wrote {args.plot}")
     print(format_table(report))
-    if args.json_path:
-        pathlib.Path(args.json_path).write_text(to_json(report))
-        log(f"wrote {args.json_path}")
-    if args.plot:
-        plot(report, pathlib.Path(args.plot))
-        log(f"wrote {args.plot}")
     log(f"done in {report['total_s']:.0f} s")
     return 0
 

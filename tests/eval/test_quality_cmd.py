@@ -43,7 +43,7 @@ def test_every_task_end_to_end(data, tmp_path, capsys):
     finally:
         torch.set_num_threads(threads)
     report = json.loads(out.read_text())
-    assert list(report["tasks"]) == ["ppl", "needle", "qmsum", "mmlu"]
+    assert list(report["tasks"]) == ["ppl", "needle", "qmsum", "mmlu"] and report["complete"]
     assert png.stat().st_size > 10_000
     for task, n in (("ppl", 2), ("needle", 2), ("qmsum", 1), ("mmlu", 2)):
         info = report["tasks"][task]
