@@ -105,6 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the results here")
     parser.add_argument("--plot", type=output_file, default=None, help="write the PNG here")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--from-json", type=existing_path, default=None, metavar="IN.json",
+                        help="measure nothing: re-summarize the per-prompt scores of an earlier "
+                             "--json (intervals with --resamples/--seed), print, --json, --plot")
     add_backend_argument(parser)
 
 
@@ -139,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     from .model import load_model
 
     set_enabled(not args.quiet)
+    if args.from_json:
+        return resummarize(args)
     build_codecs(args)
     data_paths(args)  # bad flags and missing data fail before the model loads
     log(f"loading model {args.model!r} ...")
@@ -196,6 +201,32 @@ def execute(args: argparse.Namespace, loaded) -> int:
             log(f"wrote {args.plot}")
     print(format_table(report))
     log(f"done in {report['total_s']:.0f} s")
+    return 0
+
+
+def resummarize(args: argparse.Namespace) -> int:
+    """``--from-json``: the intervals and the table again from a report's per-prompt scores."""
+    import json
+
+    from .accept_cmd import to_json
+    from .bootstrap import BootstrapConfig
+    from .quality_report import format_table, outside_noise, plot, summarize
+
+    try:
+        report = json.loads(pathlib.Path(args.from_json).read_text())
+        tasks = report["tasks"]
+        for task, info in tasks.items():
+            info["results"] = summarize(task, info["samples"], list(info["results"]),
+                                        BootstrapConfig(args.resamples, 0.95, args.seed))
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{args.from_json!r} is not a lynx eval quality report: {e!r}") from None
+    report["bootstrap"].update(resamples=args.resamples, seed=args.seed)
+    report["outside_noise"] = outside_noise(report)
+    print(format_table(report))
+    if args.json_path:
+        pathlib.Path(args.json_path).write_text(to_json(report))
+    if args.plot:
+        plot(report, pathlib.Path(args.plot))
     return 0
 
 

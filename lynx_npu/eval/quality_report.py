@@ -14,18 +14,21 @@ METRICS = {"ppl": ("perplexity", False, perplexity), "needle": ("rouge_l_f", Tru
 
 def summarize(task: str, samples: list[dict], labels: list[str],
               config: BootstrapConfig) -> dict:
-    """{label: {value, low, high, diff_vs_bf16 {value, low, high} | None, within_noise}}."""
+    """{label: {value, low, high, diff_vs_bf16: {value, low, high} | None, within_noise,
+    in_bf16_interval}}; the last three None without a bf16 baseline."""
     _, _, transform = METRICS[task]
     scores = {label: [s["scores"][label] for s in samples] for label in labels}
     out = {}
     for label in labels:
         iv = interval(scores[label], transform, config)
         row = {"value": iv.value, "low": iv.low, "high": iv.high,
-               "diff_vs_bf16": None, "within_noise": None}
+               "diff_vs_bf16": None, "within_noise": None, "in_bf16_interval": None}
         if BASELINE in scores:
             d = paired_difference(scores[label], scores[BASELINE], transform, config)
+            base = interval(scores[BASELINE], transform, config)
             row["diff_vs_bf16"] = {"value": d.value, "low": d.low, "high": d.high}
-            row["within_noise"] = d.contains(0.0)
+            row["within_noise"] = d.contains(0.0)  # the paired test: "within noise"
+            row["in_bf16_interval"] = base.contains(iv.value)  # the issue's looser reading
         out[label] = row
     return out
 
@@ -40,9 +43,15 @@ def outside_noise(report: dict) -> dict[str, list[str]]:
     return out
 
 
-def _fmt(x: float, metric: str) -> str:
-    return f"{x:.3f}" if metric == "perplexity" and abs(x) < 100 else f"{x:.3g}" \
-        if metric == "perplexity" else f"{x:.3f}"
+def _fmt(x: float) -> str:
+    return f"{x:.4g}" if abs(x) >= 1000 else f"{x:.3f}"
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    """Left-aligned first column, the rest right-aligned, two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
 
 
 def format_table(report: dict) -> str:
@@ -54,26 +63,26 @@ def format_table(report: dict) -> str:
                 f"{info['tokens_max']} tokens, {report['model']}, 95% bootstrap intervals")
         if "chance" in info:
             head += f"; chance {info['chance']:.3f}"
-        lines += [head, f"{'codec':<12} {metric:>10} {'interval':>19}  {'- bf16':>8} "
-                        f"{'paired interval':>21}  noise"]
+        rows = [["codec", metric, "interval", "- bf16", "paired interval", "in bf16 CI",
+                 "paired diff"]]
         for label, r in info["results"].items():
             d = r["diff_vs_bf16"]
-            diff = (f"{d['value']:>+8.3f} [{d['low']:+.3f}, {d['high']:+.3f}]".ljust(31)
-                    if d else " " * 31)
-            noise = "" if r["within_noise"] is None else ("within" if r["within_noise"]
-                                                           else "OUTSIDE")
-            lines.append(f"{label:<12} {_fmt(r['value'], metric):>10} "
-                         f"[{_fmt(r['low'], metric)}, {_fmt(r['high'], metric)}]".ljust(43)
-                         + f" {diff} {noise}")
-        if "chance" in info:
-            base = info["results"].get(BASELINE)
-            if base:
-                verdict = "above" if base["low"] > info["chance"] else "NOT above"
-                lines.append(f"bf16 is {verdict} chance (interval low {base['low']:.3f} vs "
-                             f"{info['chance']:.3f})")
+            rows.append([label, _fmt(r["value"]), f"[{_fmt(r['low'])}, {_fmt(r['high'])}]",
+                         f"{d['value']:+.3f}" if d else "",
+                         f"[{d['low']:+.3f}, {d['high']:+.3f}]" if d else "",
+                         "" if r["in_bf16_interval"] is None
+                         else ("yes" if r["in_bf16_interval"] else "no"),
+                         "" if r["within_noise"] is None
+                         else ("within noise" if r["within_noise"] else "OUTSIDE")])
+        lines += [head] + _columns(rows)
+        if "chance" in info and BASELINE in info["results"]:
+            low = info["results"][BASELINE]["low"]
+            verdict = "above" if low > info["chance"] else "NOT above"
+            lines.append(f"bf16 is {verdict} chance (its interval's low end {low:.3f} vs "
+                         f"{info['chance']:.3f})")
         lines.append("")
     outside = report["outside_noise"]
-    lines.append("outside bf16's noise: " + ("; ".join(
+    lines.append("paired difference from bf16 outside the noise: " + ("; ".join(
         f"{label} ({', '.join(tasks)})" for label, tasks in outside.items()) or "none"))
     return "\n".join(lines)
 

@@ -62,9 +62,16 @@ def test_every_task_end_to_end(data, tmp_path, capsys):
     assert all(s["scores"]["bf16"] in (0.0, 1.0) for s in mmlu["samples"])
     needle = report["tasks"]["needle"]["samples"][0]
     assert 0 <= needle["scores"]["lynx"] <= 1 and "answers" in needle
+    assert all(r["in_bf16_interval"] in (True, False) for r in ppl["results"].values())
     table = capsys.readouterr().out
     assert "ppl: perplexity (lower is better), 2 samples" in table
-    assert "outside bf16's noise:" in table and "chance" in table
+    assert "paired difference from bf16 outside the noise:" in table and "chance" in table
+    # the table again from the JSON's per-prompt scores, nothing measured
+    again = tmp_path / "again.json"
+    assert lynx_main(["eval", "quality", "--from-json", str(out), "--resamples", "200",
+                      "--json", str(again)]) == 0
+    assert capsys.readouterr().out.strip() == table.strip()
+    assert json.loads(again.read_text())["tasks"]["ppl"]["results"] == ppl["results"]
 
 
 def _lynx(argv):
@@ -85,6 +92,9 @@ def test_bad_flags_fail_with_a_clear_error(data, tmp_path, capsys):
     assert "unknown codec 'zip'" in capsys.readouterr().err
     assert _lynx(["eval", "quality", "--data", str(data), "--codecs", "bf16,bf16"]) == 1
     assert "names a codec twice" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{}")
+    assert _lynx(["eval", "quality", "--from-json", str(tmp_path / "bad.json")]) == 1
+    assert "is not a lynx eval quality report" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert _lynx(["eval", "quality", "--data", str(tmp_path / "empty"), "--tasks", "qmsum"]) == 1
     err = capsys.readouterr().err
