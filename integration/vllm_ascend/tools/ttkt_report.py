@@ -186,8 +186,8 @@ def crossing_lines(doc: dict) -> list[str]:
 
 
 def plot(path, doc: dict, title: str = "") -> None:
-    """Fig. 11's two panels: TT64 gain vs context length (a line per rate) and vs link rate
-    (a line per length, log axis)."""
+    """Fig. 11's two panels, for the TT64 gain (top) and the TTFT gain (bottom): gain vs
+    context length (a line per rate) and vs link rate (a line per length, log axis)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -195,26 +195,27 @@ def plot(path, doc: dict, title: str = "") -> None:
     rows = doc["gains"]
     lengths = sorted({r["length"] for r in rows})
     rates = sorted({r["gbps"] for r in rows})
-    by = {(r["length"], r["gbps"]): r["tt64_gain_s"] for r in rows}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for gbps in rates:
-        xs = [n for n in lengths if (n, gbps) in by]
-        left.plot(xs, [by[(n, gbps)] for n in xs], marker="o", label=f"{gbps:g} Gbps")
-    for n in lengths:
-        xs = [g for g in rates if (n, g) in by]
-        right.plot(xs, [by[(n, g)] for g in xs], marker="o", label=f"{n} tokens")
-    right.set_xscale("log")
-    left.set_xlabel("context length (prompt tokens)")
-    right.set_xlabel("link rate (Gbit/s)")
-    for ax in (left, right):
-        ax.axhline(0, color="0.5", lw=0.8)
-        ax.set_ylabel("TT64 gain over int8 (s)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.6))
+    for (left, right), metric in zip(axes, ("tt64", "ttft")):
+        by = {(r["length"], r["gbps"]): r[f"{metric}_gain_s"] for r in rows}
+        for gbps in rates:
+            xs = [n for n in lengths if (n, gbps) in by]
+            left.plot(xs, [by[(n, gbps)] for n in xs], marker="o", label=f"{gbps:g} Gbps")
+        for n in lengths:
+            xs = [g for g in rates if (n, g) in by]
+            right.plot(xs, [by[(n, g)] for g in xs], marker="o", label=f"{n} tokens")
+        right.set_xscale("log")
+        left.set_xlabel("context length (prompt tokens)")
+        right.set_xlabel("link rate (Gbit/s)")
+        for ax in (left, right):
+            ax.axhline(0, color="0.5", lw=0.8)
+            ax.set_ylabel(f"{metric.upper()} gain over int8 (s)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
