@@ -2,6 +2,7 @@
 (SmolLM2-135M, real QMSum prompts; ~2.5 min on 2 cores, most of it the engines' start-up)."""
 import argparse
 import json
+import math
 
 import pytest
 
@@ -90,3 +91,13 @@ def test_small_sweep_through_vllm(tmp_path, data_dir):
             floor = (r["prompt_tokens"] - 1) * values_per_token * (1 - 1 / cfg[
                 "num_hidden_layers"]) / (0.05e9 / 8)
             assert r["loaded_s"] >= floor, (r, floor)
+
+
+def test_eta_fits_cost_to_length_over_rate():
+    cost = lambda n, g: 2.0 + 0.0005 * n / g  # noqa: E731
+    done = [(n, g, cost(n, g)) for n in (1024, 2048) for g in (0.05, 1.0)]
+    todo = [(4096, 0.05), (4096, 5.0)]
+    assert ttkt_sweep.eta_seconds(done, todo) == pytest.approx(cost(4096, 0.05) + cost(4096, 5))
+    same = [(1024, 1.0, 3.0), (1024, 1.0, 5.0)]  # one cell: nothing to fit, the mean run
+    assert ttkt_sweep.eta_seconds(same, todo) == pytest.approx(8.0)
+    assert math.isnan(ttkt_sweep.eta_seconds([], todo))
