@@ -157,7 +157,7 @@ def _wire(serde, codec, codec_name, layers, shape, dtype, connections, peer, rep
             page.index, page.token_start, t1, whole[a_off:a_off + a],
             whole[r_off:r_off + r] if page.residual is not None else None)
 
-    times = []
+    times, marks = [], []
     with Receiver(ReceiverConfig(deadline_s=600, max_request_bytes=1 << 40,
                                  num_decode_threads=decode_threads),
                   on_encoded=on_encoded) as receiver:
@@ -166,15 +166,22 @@ def _wire(serde, codec, codec_name, layers, shape, dtype, connections, peer, rep
             for rid in range(2, 2 + repeats):
                 received.clear()
                 handle = receiver.request(rid)
-                t0 = time.perf_counter()
+                t0 = time.monotonic()
                 go(rid)
                 if not handle.residual_ready.wait(600):
                     raise RuntimeError(f"the wire stage did not finish: {handle.progress()}")
-                times.append(time.perf_counter() - t0)
+                times.append(time.monotonic() - t0)
+                # where the time went: frames admitted (first, last) and the last page handed
+                # on; a late last page means the consumer, not the link, set the pace
+                marks.append((handle.arrivals[0][0] - t0, handle.arrivals[-1][0] - t0,
+                              handle.anchor_ready_at - t0, handle.residual_ready_at - t0))
                 receiver.release(rid)
     nbytes = sum(n for *_, n in handle.arrivals)
+    first, last, anchor, done = (float(np.median(m)) for m in zip(*marks))
+    timeline = {"first_frame_s": first, "last_frame_s": last, "anchor_ready_s": anchor,
+                "residual_ready_s": done}
     return float(np.median(times)), nbytes, {layer: list(p.values())
-                                             for layer, p in received.items()}
+                                             for layer, p in received.items()}, timeline
 
 
 @contextlib.contextmanager
@@ -321,12 +328,15 @@ def run(args) -> int:
          f"({wire_bytes / d2h_s / 1e9:.1f} GB/s; first, allocating: "
          f"{d2h_first_s * 1e3:.1f} ms)")
     # 3. loopback TCP
-    wire_s, frame_bytes, received = _wire(serde, codec, args.codec, encoded, shape, dtype,
-                                          args.connections, args.wire_peer, repeats,
-                                          args.decode_threads)
+    wire_s, frame_bytes, received, timeline = _wire(
+        serde, codec, args.codec, encoded, shape, dtype, args.connections, args.wire_peer,
+        repeats, args.decode_threads)
     _log(f"wire {wire_s:.3f} s: {frame_bytes * 8 / wire_s / 1e9:.2f} Gbit/s "
          f"(median of {repeats}; {args.connections} connections, {args.decode_threads} "
-         f"decode threads, the sender in a {args.wire_peer} of its own)")
+         f"decode threads, the sender in a {args.wire_peer} of its own); medians: first frame "
+         f"{timeline['first_frame_s'] * 1e3:.0f} ms, last {timeline['last_frame_s'] * 1e3:.0f} "
+         f"ms, anchor ready {timeline['anchor_ready_s'] * 1e3:.0f} ms, all handed on "
+         f"{timeline['residual_ready_s'] * 1e3:.0f} ms")
     # 4. stage the received pages to the device, 5. decompress into the second cache
     staged = _stage_received(serde, received, dst)
     del staged
@@ -353,6 +363,7 @@ def run(args) -> int:
            "d2h_s": d2h_s, "d2h_gbps": wire_bytes / d2h_s / 1e9, "d2h_first_s": d2h_first_s,
            "wire_s": wire_s, "wire_gbps": frame_bytes * 8 / wire_s / 1e9,
            "connections": args.connections, "decode_threads": args.decode_threads,
+           "wire_timeline": timeline,
            # glibc's thresholds decide whether freed receive buffers go back to the OS (and
            # fault in again): docs/benchmarks.md, "Wire"
            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
