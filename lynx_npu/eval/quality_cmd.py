@@ -105,9 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the results here")
     parser.add_argument("--plot", type=output_file, default=None, help="write the PNG here")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    parser.add_argument("--from-json", type=existing_path, default=None, metavar="IN.json",
+    parser.add_argument("--from-json", type=existing_path, action="append", default=None,
+                        metavar="IN.json",
                         help="measure nothing: re-summarize the per-prompt scores of an earlier "
-                             "--json (intervals with --resamples/--seed), print, --json, --plot")
+                             "--json (intervals with --resamples/--seed), print, --json, --plot; "
+                             "repeated, the reports' tasks are merged (same model and codecs)")
     add_backend_argument(parser)
 
 
@@ -212,14 +214,28 @@ def resummarize(args: argparse.Namespace) -> int:
     from .bootstrap import BootstrapConfig
     from .quality_report import format_table, outside_noise, plot, summarize
 
-    try:
-        report = json.loads(pathlib.Path(args.from_json).read_text())
-        tasks = report["tasks"]
-        for task, info in tasks.items():
-            info["results"] = summarize(task, info["samples"], list(info["results"]),
-                                        BootstrapConfig(args.resamples, 0.95, args.seed))
-    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{args.from_json!r} is not a lynx eval quality report: {e!r}") from None
+    report = None
+    for path in args.from_json:
+        try:
+            part = json.loads(pathlib.Path(path).read_text())
+            for task, info in part["tasks"].items():
+                info["results"] = summarize(task, info["samples"], list(info["results"]),
+                                            BootstrapConfig(args.resamples, 0.95, args.seed))
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path!r} is not a lynx eval quality report: {e!r}") from None
+        if report is None:
+            report = part
+            report["sources"] = [{"json": path, "command": part.get("command")}]
+            continue
+        if (part["model"], list(part["codecs"])) != (report["model"], list(report["codecs"])):
+            raise ValueError(f"{path!r} measured {part['model']} with {list(part['codecs'])}, "
+                             f"not {report['model']} with {list(report['codecs'])}")
+        both = set(part["tasks"]) & set(report["tasks"])
+        if both:
+            raise ValueError(f"{path!r} repeats task(s) {sorted(both)} of an earlier --from-json")
+        report["tasks"].update(part["tasks"])
+        report["sources"].append({"json": path, "command": part.get("command")})
+        report["total_s"] = report.get("total_s", 0) + part.get("total_s", 0)
     report["bootstrap"].update(resamples=args.resamples, seed=args.seed)
     report["outside_noise"] = outside_noise(report)
     print(format_table(report))

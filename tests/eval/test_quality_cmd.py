@@ -72,6 +72,19 @@ def test_every_task_end_to_end(data, tmp_path, capsys):
                       "--json", str(again)]) == 0
     assert capsys.readouterr().out.strip() == table.strip()
     assert json.loads(again.read_text())["tasks"]["ppl"]["results"] == ppl["results"]
+    # two reports' tasks merged: the ppl task of one and the others of the second
+    first = dict(report, tasks={"ppl": report["tasks"]["ppl"]})
+    second = dict(report, tasks={t: i for t, i in report["tasks"].items() if t != "ppl"})
+    (tmp_path / "a.json").write_text(json.dumps(first))
+    (tmp_path / "b.json").write_text(json.dumps(second))
+    merged = tmp_path / "merged.json"
+    assert lynx_main(["eval", "quality", "--from-json", str(tmp_path / "a.json"), "--from-json",
+                      str(tmp_path / "b.json"), "--resamples", "200", "--json", str(merged)]) == 0
+    assert capsys.readouterr().out.strip() == table.strip()
+    assert list(json.loads(merged.read_text())["tasks"]) == ["ppl", "needle", "qmsum", "mmlu"]
+    assert _lynx(["eval", "quality", "--from-json", str(tmp_path / "a.json"), "--from-json",
+                  str(out)]) == 1
+    assert "repeats task(s) ['ppl']" in capsys.readouterr().err
 
 
 def _lynx(argv):
