@@ -231,8 +231,9 @@ def _main(args) -> int:
         report.write_json(args.json_out, doc)
         print(f"JSON: {args.json_out}")
     if args.plot:
-        report.plot(args.plot, doc, f"Lynx TT64 gain over int8, {meta['model']}, "
-                                    f"{args.prompts} QMSum prompts per point, {meta['date']}")
+        report.plot(args.plot, doc, f"Lynx's gain over int8 (int8 - lynx; top TT64, bottom "
+                                    f"TTFT), {meta['model']}, median of {args.prompts} QMSum "
+                                    f"prompts per point, {meta['date']}")
         print(f"plot: {args.plot}")
     print(f"total {time.monotonic() - t_start:.0f} s (engine start-up {startup_s:.0f} s)")
     return 0
