@@ -35,6 +35,11 @@ RESUMED = "LMCache server is healthy again \u2014 resuming normal operation"
 ADAPTERS = 2
 
 
+# LMCache's own shutdown (SIGINT) took over 30 s on a loaded 2-core machine (a CI rehearsal
+# beside three evaluation runs); idle it takes a few seconds.
+SHUTDOWN_S = 120
+
+
 def wait_recovered(log: pathlib.Path, count: int, timeout_s: float = 60.0) -> None:
     """Until vLLM's log (its engine core's, in a child process) shows ``count`` recoveries of
     the worker side (KV caches re-registered) and of both adapters (out of degraded mode)."""
@@ -120,7 +125,7 @@ def write_reference(src: str, dst: str, codec: str, head_dim: int, block_size: i
 def stop_server(proc) -> int:
     proc.send_signal(signal.SIGINT)
     try:
-        return proc.wait(30)
+        return proc.wait(SHUTDOWN_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
