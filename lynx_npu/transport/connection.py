@@ -158,9 +158,14 @@ class FrameSocket:
 
     def write(self, *buffers) -> None:
         """Send the buffers back to back (one frame), paced by the limiter if any. Each paced
-        piece of up to ``chunk_bytes`` goes out in one sendmsg (header and payload together)."""
+        piece of up to ``chunk_bytes`` goes out in one sendmsg (header and payload together);
+        an unpaced frame goes out whole: on loopback, cutting a 315 KB frame into 256 KiB
+        pieces halved the link (raw sockets, 2-core box: 18-21 against 36-42 Gbit/s)."""
         views = [memoryview(b).cast("B") for b in buffers]
         with self._write_lock:
+            if self.limiter is None:
+                _sendmsg_all(self.sock, views)
+                return
             while views:
                 piece, size = [], 0
                 while views and size < self.chunk_bytes:
