@@ -13,6 +13,8 @@ write the layers before it.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import queue
 
 import torch
@@ -127,6 +129,20 @@ class ProducerWorker:
         host, port = parse_peer(peer)
         # tensor-parallel rank r talks to the decode receiver of rank r
         return self._senders.get(host, port + self.rank)
+
+    def restart_transport(self) -> int:
+        """Close every sender now (a transfer in flight fails on this side and its connection
+        drops), as the transport dying would; the next transfer opens a new one. Returns how
+        many were closed."""
+        return self._senders.close()
+
+    def set_link_rate(self, gbps: float | None) -> int:
+        """Later transfers over the embedded TCP transport go at ``gbps`` (None: no limit).
+        Closes the senders (call it between transfers); returns how many were closed."""
+        config = dataclasses.replace(self.config, gbps=gbps)  # validated as at start-up
+        closed = self._senders.close()
+        self.config = self._senders.config = config
+        return closed
 
     def close(self) -> None:
         self._senders.close()

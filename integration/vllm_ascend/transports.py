@@ -66,10 +66,13 @@ class Senders:
                                    deadline_s=c.transfer_timeout_s, secret=c.secret_bytes,
                                    codecs=declared_codecs()))
 
-    def close(self) -> None:
+    def close(self) -> int:
+        """Close every sender (and the Mooncake engine); -> how many senders were open."""
+        closed = len(self._senders)
         for sender in self._senders.values():
             sender.close()
         self._senders.clear()
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        return closed

@@ -268,7 +268,4 @@ def restart_prefill_transport(worker) -> int:
     a new sender, as a restarted prefill would. Returns how many senders were closed."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    senders = get_kv_transfer_group().worker._senders
-    n = len(senders._senders)
-    senders.close()
-    return n
+    return get_kv_transfer_group().worker.restart_transport()

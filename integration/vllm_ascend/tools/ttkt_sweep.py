@@ -102,17 +102,9 @@ def run(args: argparse.Namespace) -> int:
 def set_prefill_link_rate(worker, gbps: float) -> int:
     """Run on the prefill worker (``collective_rpc``): later transfers go at ``gbps``. Closes
     its senders (call it between transfers) and returns how many were closed."""
-    import dataclasses
-
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    producer = get_kv_transfer_group().worker
-    config = dataclasses.replace(producer.config, gbps=gbps)  # validated as at start-up
-    senders = producer._senders
-    n = len(senders._senders)
-    senders.close()
-    producer.config = senders.config = config
-    return n
+    return get_kv_transfer_group().worker.set_link_rate(gbps)
 
 
 def prefill_only(pair, token_ids: list[int]) -> float:

@@ -110,6 +110,31 @@ def test_workers_transport_carries_a_request(transport, tmp_path):
         receiver.close()
 
 
+def test_producer_link_rate_and_restart():
+    """ProducerWorker.set_link_rate / restart_transport (what ``lynx bench ttkt`` and the
+    failure tests call on the prefill worker): the open sender is closed and counted, the next
+    one is made at the new rate, and a rate the config refuses changes nothing."""
+    from lynx_npu.integration.vllm_ascend.producer_worker import ProducerWorker
+
+    receiver = Receiver()
+    worker = ProducerWorker(LynxConnectorConfig.from_vllm("kv_producer", {"gbps": 1.0}), 0, 1)
+    try:
+        peer = f"127.0.0.1:{receiver.port}"
+        first = worker._sender(peer)
+        assert first.config.gbps == 1.0
+        with pytest.raises(ValueError, match="gbps=-2"):
+            worker.set_link_rate(-2)
+        assert worker._sender(peer) is first and worker.config.gbps == 1.0
+        assert worker.set_link_rate(0.25) == 1
+        second = worker._sender(peer)
+        assert second is not first and second.config.gbps == 0.25
+        assert worker.set_link_rate(None) == 1 and worker._sender(peer).config.gbps is None
+        assert worker.restart_transport() == 1 and worker.restart_transport() == 0
+    finally:
+        worker.close()
+        receiver.close()
+
+
 def _lynx_equals_reference(pair, data_dir) -> None:
     """Two ~700-token QMSum prompts, 24 greedy tokens: Lynx output equal to the lynx-int8
     full-cache reference, each request on its anchor, drafts made on it."""
