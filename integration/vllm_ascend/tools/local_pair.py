@@ -36,6 +36,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a TCP listener (or any socket) holds ``port`` now."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+        return False
+
+
+_START_ATTEMPTS = 3  # decode instance starts, each on a fresh port if the last was taken
+
+
 TRANSPORTS = ("tcp", "mooncake", "lmcache")
 
 
@@ -124,14 +137,25 @@ class LocalPair:
                       max_num_seqs=config.max_num_seqs, disable_log_stats=True,
                       tensor_parallel_size=config.tensor_parallel_size)
         t0 = time.monotonic()
-        log(f"[lynx] starting the decode instance (receiver on 127.0.0.1:{self.port}) ...")
-        self.decode = LLM(**decode_engine_args(config.model, port=self.port,
-                                               max_drafts=config.max_drafts,
-                                               residual_timeout_s=config.residual_timeout_s,
-                                               transfer_timeout_s=config.transfer_timeout_s,
-                                               transport=config.transport, gbps=config.gbps,
-                                               **objects, **{**common, "disable_log_stats":
-                                                  not config.decode_log_stats}))
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            log(f"[lynx] starting the decode instance (receiver on 127.0.0.1:{self.port}) ...")
+            try:
+                self.decode = LLM(**decode_engine_args(
+                    config.model, port=self.port, max_drafts=config.max_drafts,
+                    residual_timeout_s=config.residual_timeout_s,
+                    transfer_timeout_s=config.transfer_timeout_s, transport=config.transport,
+                    gbps=config.gbps, **objects,
+                    **{**common, "disable_log_stats": not config.decode_log_stats}))
+                break
+            except Exception:
+                # The port was free when chosen; another process (vLLM's own engines pick
+                # ports the same way) may bind it before the receiver does. Only that is
+                # retried, on a new port; any other failure is raised as it is.
+                if attempt == _START_ATTEMPTS or not port_taken(self.port):
+                    raise
+                log(f"[lynx] 127.0.0.1:{self.port} was taken before the receiver bound it; "
+                    f"retrying on another port")
+                self.port = free_port()
         log(f"[lynx] starting the prefill instance (link {config.gbps} Gbps over "
             f"{config.transport}) ...")
         self.prefill = LLM(**prefill_engine_args(config.model, peer=f"127.0.0.1:{self.port}",

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from server_proc import stop_server  # run as a script: its directory is on sys.path
+
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 HEARTBEAT_S = 0.5
 RECOVERED = "Finished re-registering KV caches"  # the worker side of LMCache's heartbeat
@@ -33,11 +35,6 @@ RECOVERED = "Finished re-registering KV caches"  # the worker side of LMCache's 
 # nothing: a request sent after the worker side's recovery alone was computed, not loaded.
 RESUMED = "LMCache server is healthy again \u2014 resuming normal operation"
 ADAPTERS = 2
-
-
-# LMCache's own shutdown (SIGINT) took over 30 s on a loaded 2-core machine (a CI rehearsal
-# beside three evaluation runs); idle it takes a few seconds.
-SHUTDOWN_S = 120
 
 
 def wait_recovered(log: pathlib.Path, count: int, timeout_s: float = 60.0) -> None:
@@ -120,15 +117,6 @@ def write_reference(src: str, dst: str, codec: str, head_dim: int, block_size: i
         split_to_vllm_cpu_vec(out, ref, head_dim, block_size)
         (pathlib.Path(dst) / f.name).write_bytes(ref.numpy().tobytes())
     return len(files)
-
-
-def stop_server(proc) -> int:
-    proc.send_signal(signal.SIGINT)
-    try:
-        return proc.wait(SHUTDOWN_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
 
 
 def main(spec_path: str, out_path: str) -> None:

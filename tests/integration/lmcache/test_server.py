@@ -5,7 +5,6 @@ fs adapter, and a bad lynx entry is refused by the serde's own check, where LMCa
 started directly does not know the type at all)."""
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import time
 import pytest
 
 from .conftest import lmcache_or_skip
+from .server_proc import stop_server
 
 lmcache_or_skip()
 
@@ -103,8 +103,7 @@ def test_the_launched_server_comes_up_with_the_lynx_serde(tmp_path):
             time.sleep(0.1)
         assert "Initialized FSL2Adapter" in log.read_text()
     finally:
-        proc.send_signal(signal.SIGINT)  # LMCache's own shutdown path
-        rc = proc.wait(120)  # LMCache's shutdown took > 30 s on a loaded 2-core machine
+        rc = stop_server(proc)  # LMCache's own shutdown path (SIGINT, then SIGTERM)
     assert rc == 0, log.read_text()[-3000:]
     assert "MPCacheServer closed" in log.read_text()
 
