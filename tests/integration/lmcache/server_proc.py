@@ -2,11 +2,12 @@
 
 LMCache's server turns SIGINT (Python's default) and SIGTERM (its ``__main__`` maps it to
 ``default_int_handler``) into KeyboardInterrupt, then closes its server and engine ("MPCacheServer
-closed"). In two CI rehearsals on a loaded 2-core machine a server sent SIGINT right after it
-came up neither logged "Shutting down server..." nor exited within 120 s, while the same test
-passed alone and beside three busy processes; so SIGINT goes first and SIGTERM follows if it
-did not act, both through LMCache's own shutdown, and only then is the process killed (which
-the callers' ``rc == 0`` checks report).
+closed"). A process started in the background of a non-interactive shell (``cmd &``, as a CI
+rehearsal here was) inherits SIGINT ignored, and so does every process it starts: in two
+rehearsals the server never saw the test's SIGINT (its /proc status: SigIgn 0x1001006,
+SIGINT and SIGQUIT ignored, SIGTERM caught) and was still up 120 s later. So SIGINT goes first
+and SIGTERM follows if it did not act, both through LMCache's own shutdown, and only then is
+the process killed (which the callers' ``rc == 0`` checks report).
 """
 from __future__ import annotations
 
