@@ -46,6 +46,7 @@ from lynx_npu.cli_types import MAX_TOKENS, int_in, output_file
 from lynx_npu.ops import KV_CACHE_LAYOUTS, PagedKVCache, serde_for
 from lynx_npu.ops.dest import paged
 from lynx_npu.ops.lynx_serde import PLAN_TABLE_BACKENDS
+from lynx_npu.transport.config import SenderConfig
 
 from . import wire_peer
 from .bench_kernels import _sync, copy_gbps, device_name, timer_for
@@ -73,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", choices=CODECS, default="lynx")
     parser.add_argument("--backend", default=None, help="ops backend (default: automatic)")
     parser.add_argument("--connections", type=int_in(1, 16), default=4, help="TCP connections")
+    parser.add_argument("--frame-bytes", type=int_in(1, 1 << 30), default=None,
+                        help="bytes of pages per frame (SenderConfig.frame_bytes; default its "
+                             "default, 1 MiB; 1: one page a frame, frame format 3's way)")
     parser.add_argument("--decode-threads", type=int_in(1, 64), default=1,
                         help="the receiver's page workers (ReceiverConfig.num_decode_threads, "
                              "the connector's num_decode_threads; default 1, as there): each "
@@ -132,7 +136,7 @@ def _inbox(serde, shape, dtype):
 
 
 def _wire(serde, codec, codec_name, layers, shape, dtype, connections, peer, repeats,
-          decode_threads=1):
+          decode_threads=1, frame_bytes=None):
     """Send the staged layers over loopback ``repeats`` times -> (median seconds, frame bytes
     of one request, the pages received). The sender runs in a process of its own
     (``peer="process"``, lynx_npu/eval/wire_peer.py) or on a thread of this one (``"thread"``:
@@ -162,7 +166,8 @@ def _wire(serde, codec, codec_name, layers, shape, dtype, connections, peer, rep
                                  num_decode_threads=decode_threads),
                   on_encoded=on_encoded) as receiver:
         send = _thread_peer if peer == "thread" else _process_peer
-        with send(receiver.port, codec, codec_name, layers, shape, dtype, connections) as go:
+        with send(receiver.port, codec, codec_name, layers, shape, dtype, connections,
+                  frame_bytes) as go:
             for rid in range(2, 2 + repeats):
                 received.clear()
                 handle = receiver.request(rid)
@@ -185,7 +190,7 @@ def _wire(serde, codec, codec_name, layers, shape, dtype, connections, peer, rep
 
 
 @contextlib.contextmanager
-def _thread_peer(port, codec, codec_name, layers, shape, dtype, connections):
+def _thread_peer(port, codec, codec_name, layers, shape, dtype, connections, frame_bytes=None):
     """A Sender in this process, warmed up by request 1 (the first layer); yields go(id),
     which sends request ``id`` (every page, anchors first)."""
     from lynx_npu.transport import Sender, SenderConfig
@@ -193,7 +198,9 @@ def _thread_peer(port, codec, codec_name, layers, shape, dtype, connections):
     num_layers, heads, tokens, head_dim = shape
     meta = dict(num_tokens=tokens, num_kv_heads=heads, head_dim=head_dim, dtype=dtype)
     pages = [layer.pages for layer in layers]
-    with Sender(SenderConfig(port=port, num_connections=connections, deadline_s=600)) as sender:
+    link = {} if frame_bytes is None else {"frame_bytes": frame_bytes}
+    with Sender(SenderConfig(port=port, num_connections=connections, deadline_s=600,
+                             **link)) as sender:
         if not sender.send_encoded(1, codec, pages[:1], **meta).wait(600):
             raise RuntimeError("the warm-up request was not acknowledged")
         sent = []
@@ -204,7 +211,8 @@ def _thread_peer(port, codec, codec_name, layers, shape, dtype, connections):
 
 
 @contextlib.contextmanager
-def _process_peer(port, codec, codec_name, layers, shape, dtype, connections):
+def _process_peer(port, codec, codec_name, layers, shape, dtype, connections,
+                  frame_bytes=None):
     """lynx_npu.eval.wire_peer in a child process, the pages handed over in one host file
     (tmpfs where there is one: /dev/shm); yields go(id), which writes its "go <id>" line."""
     num_layers, heads, tokens, head_dim = shape
@@ -217,6 +225,8 @@ def _process_peer(port, codec, codec_name, layers, shape, dtype, connections):
                 index, "--port", str(port), "--connections", str(connections),
                 "--codec", codec_name, "--kv", f"{tokens},{heads},{head_dim}",
                 "--dtype", str(dtype).removeprefix("torch.")]
+        if frame_bytes is not None:
+            argv += ["--frame-bytes", str(frame_bytes)]
         with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) as child:
             def expect(line: str) -> None:
@@ -330,7 +340,7 @@ def run(args) -> int:
     # 3. loopback TCP
     wire_s, frame_bytes, received, timeline = _wire(
         serde, codec, args.codec, encoded, shape, dtype, args.connections, args.wire_peer,
-        repeats, args.decode_threads)
+        repeats, args.decode_threads, args.frame_bytes)
     _log(f"wire {wire_s:.3f} s: {frame_bytes * 8 / wire_s / 1e9:.2f} Gbit/s "
          f"(median of {repeats}; {args.connections} connections, {args.decode_threads} "
          f"decode threads, the sender in a {args.wire_peer} of its own); medians: first frame "
@@ -363,6 +373,7 @@ def run(args) -> int:
            "d2h_s": d2h_s, "d2h_gbps": wire_bytes / d2h_s / 1e9, "d2h_first_s": d2h_first_s,
            "wire_s": wire_s, "wire_gbps": frame_bytes * 8 / wire_s / 1e9,
            "connections": args.connections, "decode_threads": args.decode_threads,
+           "max_frame_bytes": args.frame_bytes or SenderConfig.frame_bytes,
            "wire_timeline": timeline,
            # glibc's thresholds decide whether freed receive buffers go back to the OS (and
            # fault in again): docs/benchmarks.md, "Wire"

@@ -63,6 +63,7 @@ def main(argv=None) -> int:
     p.add_argument("--index", required=True, help="its index, JSON")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--connections", type=int, default=4)
+    p.add_argument("--frame-bytes", type=int, default=None)
     p.add_argument("--codec", required=True)
     p.add_argument("--kv", required=True, help="num_tokens,num_kv_heads,head_dim")
     p.add_argument("--dtype", choices=DTYPES, required=True)
@@ -75,8 +76,9 @@ def main(argv=None) -> int:
     codec = lynx_npu.get_codec(args.codec)
     try:
         _, layers = read_pages(args.pages, index)  # mapped until the process exits
+        link = {} if args.frame_bytes is None else {"frame_bytes": args.frame_bytes}
         with Sender(SenderConfig(port=args.port, num_connections=args.connections,
-                                 deadline_s=600)) as sender:
+                                 deadline_s=600, **link)) as sender:
             if not sender.send_encoded(1, codec, layers[:1], **meta).wait(600):
                 raise RuntimeError("the warm-up request was not acknowledged")
             print("ready", flush=True)

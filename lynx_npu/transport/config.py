@@ -44,6 +44,11 @@ class SenderConfig:
     early_s: float = 0.0005              # a write may leave this much before its time:
                                          # one sleep per ~ms instead of one per chunk
     chunk_bytes: int = 256 << 10         # rate-limited writes are at most this large
+    frame_bytes: int = 1 << 20           # a data frame carries consecutive pages of one layer
+                                         # and stream up to this many bytes (always at least
+                                         # one page): the receiver's work is per frame. On a
+                                         # slow link a new request's anchor can overtake
+                                         # residual bytes only between frames
     deadline_s: float = 60.0             # a request not fully acknowledged by then fails
     retransmit_s: float = 5.0            # resend a frame unacknowledged for this long
     connect_timeout_s: float = 5.0       # TCP connect, and then the whole handshake
@@ -78,6 +83,8 @@ class SenderConfig:
             raise ValueError(f"{self.send_buffer_bytes=} must be an int >= 4096 or None")
         if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1024:
             raise ValueError(f"{self.chunk_bytes=} must be an int >= 1024")
+        if type(self.frame_bytes) is not int or self.frame_bytes < 1:
+            raise ValueError(f"{self.frame_bytes=} must be a positive int (1: one page a frame)")
 
     @property
     def burst_bytes(self) -> int:

@@ -276,7 +276,7 @@ class LMCacheReceiver(KVReceiver):
         try:
             frame = read_frame(_Bytes(data), self.config.limits)
             if (frame.kind != Kind.ANCHOR or frame.request_id != rid or frame.layer != 0
-                    or frame.page != 0 or len(frame.payload) != 1):
+                    or frame.page != 0 or frame.extra_pages or len(frame.payload) != 1):
                 raise WireError(f"it is not the header of request {rid}")
             kv_bytes = request_kv_bytes(frame.num_layers, frame.num_tokens, frame.num_kv_heads,
                                         frame.head_dim, DTYPES[frame.dtype].itemsize)

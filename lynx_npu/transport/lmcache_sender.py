@@ -239,6 +239,7 @@ class LMCacheSender(KVSender):
                 req.keys.append(key)
                 req.pending.add(key)
                 handle.num_frames += 1
+                handle.num_pages += 1
                 handle.total_bytes += len(data)
             req.pending_anchor += len(anchors)
             handle.anchor_bytes += sum(len(d) for _, d in anchors)

@@ -296,6 +296,9 @@ class MooncakeReceiver(KVReceiver):
         if handle.finished:
             return _ack(frame)
         try:
+            if frame.extra_pages:  # a descriptor names one page's bytes
+                raise DescriptorError("extra_pages", f"a descriptor frame carries one page, "
+                                                     f"this one claims {frame.extra_pages + 1}")
             desc = parse_descriptor(frame.payload, frame, self.config.limits)
             host, _ = split_segment(desc.segment)
             if not _same_host(host, peer):

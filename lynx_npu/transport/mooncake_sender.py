@@ -294,6 +294,7 @@ class MooncakeSender(KVSender):
                 self._frames[f.key] = f
                 req.unacked.add(f.key)
                 handle.num_frames += 1
+                handle.num_pages += 1
                 handle.total_bytes += f.nbytes + len(f.data)
                 if f.key[1] == Kind.ANCHOR:
                     req.unacked_anchor += 1

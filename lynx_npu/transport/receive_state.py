@@ -27,7 +27,8 @@ from typing import Callable
 
 import torch
 
-from ..wire import DTYPES, Frame, Kind, request_kv_bytes
+from ..wire import (DTYPES, Frame, FrameFieldError, FramePage, Kind, frame_pages,
+                    request_kv_bytes)
 from .events import StageEvent
 
 OnPage = Callable[[int, int, int, int, torch.Tensor, torch.Tensor, str], None]
@@ -46,8 +47,8 @@ class PageJob:
     page: int
     token_start: int
     token_end: int
-    anchor: bytearray
-    residual: bytearray | None
+    anchor: memoryview              # the page's bytes (a view of its frame's payload)
+    residual: memoryview | None
 
 
 class ReceiveHandle:
@@ -123,11 +124,16 @@ class ReceiveHandle:
     # -- admission (reader threads) -----------------------------------------------------------
     def admit(self, frame: Frame, wire_bytes: int, get_codec, max_request_bytes: int,
               dequantize: bool, defer_residual: bool = False) -> list[PageJob] | bool:
-        """Record a data frame. Returns False for a duplicate, else the PageJobs to decode now
-        (none when nothing can be decoded yet: a residual ahead of its anchor, no dequantize,
-        or ``defer_residual`` holding full pages until the last residual frame is in).
-        Raises RequestRejected when the frame contradicts the request. ``get_codec(codec_id,
-        params)`` -> (codec, its PageSerde), called once, for the request's first frame."""
+        """Record a data frame (one or more pages: wire.frame_pages). Returns False when every
+        page is a duplicate, else the PageJobs to decode now (none when nothing can be decoded
+        yet: a residual ahead of its anchor, no dequantize, or ``defer_residual`` holding full
+        pages until the last residual frame is in). Raises RequestRejected when the frame
+        contradicts the request. ``get_codec(codec_id, params)`` -> (codec, its PageSerde),
+        called once, for the request's first frame."""
+        try:
+            parts = frame_pages(frame)
+        except FrameFieldError as e:
+            raise RequestRejected(f"layer {frame.layer} page {frame.page}: {e}") from None
         meta = (frame.codec_id, frame.params, frame.num_layers, frame.num_tokens, frame.dtype,
                 frame.num_kv_heads, frame.head_dim)
         with self._lock:
@@ -139,40 +145,53 @@ class ReceiveHandle:
                     f"{_describe(meta)}, earlier frames as {_describe(self._meta)}")
             if self.finished:
                 return False
-            kind, layer, page = int(frame.kind), frame.layer, frame.page
+            kind, layer = int(frame.kind), frame.layer
             if kind == Kind.RESIDUAL and not self._two_stream:
                 raise RequestRejected(f"codec {self.codec.name!r} has one stream but a "
-                                      f"residual frame arrived (layer {layer}, page {page})")
-            self._check_range(layer, page, frame.token_start, frame.token_end)
-            if (kind, layer, page) in self._received:
-                return False
-            self._received.add((kind, layer, page))
-            self.arrivals.append((time.monotonic(), kind, layer, page, wire_bytes))
-            if not dequantize:
-                level = 1 if kind == Kind.ANCHOR and self._two_stream else 2
-                if kind == Kind.RESIDUAL and (Kind.ANCHOR, layer, page) not in self._received:
-                    return None
-                if kind == Kind.ANCHOR and (Kind.RESIDUAL, layer, page) in self._received:
-                    level = 2
-                self._raise_level(layer, page, frame.token_start, frame.token_end, level)
+                                      f"residual frame arrived (layer {layer}, page {frame.page})")
+            # the header, parameters and page table count with the first page
+            overhead = wire_bytes - sum(part.payload.nbytes for part in parts)
+            jobs, new, now = [], False, time.monotonic()
+            for part in parts:
+                self._check_range(layer, part.page, part.token_start, part.token_end)
+                if (kind, layer, part.page) in self._received:
+                    continue
+                new = True
+                self._received.add((kind, layer, part.page))
+                self.arrivals.append((now, kind, layer, part.page,
+                                      part.payload.nbytes + overhead))
+                overhead = 0
+                jobs += self._admit_page(kind, layer, part, dequantize, defer_residual)
+            return jobs if new else False
+
+    def _admit_page(self, kind: int, layer: int, part: FramePage, dequantize: bool,
+                    defer_residual: bool) -> list[PageJob]:
+        """One new page of a data frame (lock held)."""
+        page, start, end = part.page, part.token_start, part.token_end
+        if not dequantize:
+            level = 1 if kind == Kind.ANCHOR and self._two_stream else 2
+            if kind == Kind.RESIDUAL and (Kind.ANCHOR, layer, page) not in self._received:
                 return []
-            slot = self._stored.setdefault((layer, page), [None, None])
-            slot[0 if kind == Kind.ANCHOR else 1] = frame.payload
-            if kind == Kind.RESIDUAL:
-                self._residual_tokens += frame.token_end - frame.token_start
-            if slot[0] is None:
-                return []  # the residual waits for its anchor
-            if not self._two_stream:
-                del self._stored[(layer, page)]
-            job = PageJob(self, layer, page, frame.token_start, frame.token_end, slot[0],
-                          slot[1])
-            if not (defer_residual and kind == Kind.RESIDUAL):
-                return [job]
-            self._held.append(job)
-            if self._residual_tokens < self.num_layers * self.num_tokens:
-                return []
-            held, self._held = self._held, []
-            return held
+            if kind == Kind.ANCHOR and (Kind.RESIDUAL, layer, page) in self._received:
+                level = 2
+            self._raise_level(layer, page, start, end, level)
+            return []
+        slot = self._stored.setdefault((layer, page), [None, None])
+        slot[0 if kind == Kind.ANCHOR else 1] = part.payload
+        if kind == Kind.RESIDUAL:
+            self._residual_tokens += end - start
+        if slot[0] is None:
+            return []  # the residual waits for its anchor
+        if not self._two_stream:
+            del self._stored[(layer, page)]
+        job = PageJob(self, layer, page, start, end, slot[0], slot[1])
+        if not (defer_residual and kind == Kind.RESIDUAL):
+            return [job]
+        self._held.append(job)
+        if self._residual_tokens < self.num_layers * self.num_tokens:
+            return []
+        held, self._held = self._held, []
+        return held
 
     def _describe(self, frame: Frame, meta: tuple, get_codec, max_request_bytes: int) -> None:
         dtype = DTYPES[frame.dtype]

@@ -38,8 +38,8 @@ import torch
 
 from ..codec import EncodedPage, wire_params
 from ..ops.page_serde import EncodedLayer, WirePage, wire_pages
-from ..wire import (DATA_KINDS, DTYPE_CODES, Frame, Kind, ReceiveLimits, WireError,
-                    pack_header, params_to_json)
+from ..wire import (DATA_KINDS, DTYPE_CODES, Frame, Kind, ReceiveLimits, WireError, crc32c,
+                    pack_header, page_table, params_to_json, table_nbytes)
 from ..wire.limits import DEFAULT_LIMITS
 from .base import KVSender, SerdeFactory, serde_for
 from .config import SenderConfig
@@ -56,10 +56,11 @@ Key = tuple[int, int, int, int]  # (request_id, kind, layer, page)
 
 @dataclass
 class _OutFrame:
-    key: Key
+    key: Key               # (request, kind, layer, first page)
     header: bytes          # header + params, sealed (payload CRC included)
-    payload: memoryview
+    payload: tuple         # the payload's pieces: a page table (multi-page frames), pages
     nbytes: int
+    num_pages: int = 1
 
 
 class SendHandle:
@@ -75,6 +76,7 @@ class SendHandle:
         self.anchor_bytes = 0   # wire bytes of anchor frames (headers included)
         self.total_bytes = 0    # wire bytes of all frames
         self.num_frames = 0
+        self.num_pages = 0      # page streams (a frame carries one or more pages of a stream)
         self.started_at: float | None = None   # first byte handed to a socket (monotonic)
         self.compressed_by: set[str] = set()   # what encoded the layers (EncodedLayer.backend)
         self._unacked: set[Key] = set()
@@ -202,7 +204,7 @@ class _Link:
             if not s._start_send(item, self.index, gen):
                 continue  # acknowledged or its request failed meanwhile
             try:
-                conn.write(item.header, item.payload)
+                conn.write(item.header, *item.payload)
             except OSError as e:
                 self.drop(gen, f"send failed: {e}")
                 s._requeue(item.key)
@@ -425,26 +427,37 @@ class Sender(KVSender):
 
     def _enqueue_layer(self, handle: SendHandle, meta: dict, layer: int, pages, kinds) -> None:
         out, limits = [], self.receiver_limits
-        for page in pages:
-            for kind, data in ((Kind.ANCHOR, page.anchor), (Kind.RESIDUAL, page.residual)):
-                if data is None or kind not in kinds:
-                    continue
-                payload = memoryview(data).cast("B")  # host bytes (the serde staged them)
+        for kind in (Kind.ANCHOR, Kind.RESIDUAL):
+            if kind not in kinds:
+                continue
+            stream = [(page, memoryview(data).cast("B")) for page in pages  # host bytes
+                      for data in (page.anchor if kind == Kind.ANCHOR else page.residual,)
+                      if data is not None]
+            for group in self._frame_groups(stream, limits):
+                first, last = group[0][0], group[-1][0]
+                views = [view for _, view in group]
+                if len(group) > 1:
+                    views.insert(0, memoryview(page_table(
+                        [p.token_end for p, _ in group], [v.nbytes for _, v in group])))
+                size = sum(v.nbytes for v in views)
                 refusal = limits and limits.page_refusal(
-                    page.token_end - page.token_start, meta["num_kv_heads"],
-                    meta["head_dim"], payload.nbytes)
+                    last.token_end - first.token_start, meta["num_kv_heads"],
+                    meta["head_dim"], size - table_nbytes(len(group) - 1))
                 if refusal:  # the receiver would refuse it: fail now, not by the deadline
                     self._fail(handle, TransferError(
-                        f"request {handle.request_id}: layer {layer} page {page.index} "
+                        f"request {handle.request_id}: layer {layer} page {first.index} "
                         f"{kind.name.lower()}: {refusal}"))
                     return
-                frame = Frame(kind, handle.request_id, layer, meta["num_layers"], page.index,
-                              page.token_start, page.token_end, meta["num_tokens"],
+                crc = 0
+                for v in views:
+                    crc = crc32c(v, crc)
+                frame = Frame(kind, handle.request_id, layer, meta["num_layers"], first.index,
+                              first.token_start, last.token_end, meta["num_tokens"],
                               meta["codec_id"], meta["dtype"], 0, meta["num_kv_heads"],
-                              meta["head_dim"], meta["params"], payload)
-                header = pack_header(frame)
-                out.append(_OutFrame((handle.request_id, int(kind), layer, page.index), header,
-                                     payload, len(header) + payload.nbytes))
+                              meta["head_dim"], meta["params"], extra_pages=len(group) - 1)
+                header = pack_header(frame, crc, size)
+                out.append(_OutFrame((handle.request_id, int(kind), layer, first.index), header,
+                                     tuple(views), len(header) + size, len(group)))
                 # Hand the GIL to a waiting writer now rather than after the interpreter's
                 # 5 ms switch interval: at 1 Gbps a frame is due every ~0.5 ms.
                 time.sleep(0)
@@ -455,12 +468,32 @@ class Sender(KVSender):
                 self._frames[f.key] = f
                 handle._unacked.add(f.key)
                 handle.num_frames += 1
+                handle.num_pages += f.num_pages
                 handle.total_bytes += f.nbytes
                 if f.key[1] == Kind.ANCHOR:
                     handle._unacked_anchor += 1
                     handle.anchor_bytes += f.nbytes
         for f in out:
             self.queue.push(Kind(f.key[1]), f.key, f)
+
+    def _frame_groups(self, stream, limits):
+        """Consecutive pages of one stream (by index and tokens) in frames of at most
+        ``frame_bytes`` (and of the receiver's max_payload_bytes), each at least one page."""
+        cap = self.config.frame_bytes
+        if limits:
+            cap = min(cap, limits.max_payload_bytes)
+        group, size = [], 0
+        for page, view in stream:
+            grown = size + view.nbytes + table_nbytes(len(group))
+            prev = group[-1][0] if group else None
+            if group and (grown > cap or page.index != prev.index + 1
+                          or page.token_start != prev.token_end):
+                yield group
+                group, size = [], 0
+            group.append((page, view))
+            size += view.nbytes
+        if group:
+            yield group
 
     # -- delivery bookkeeping (called from link threads) ---------------------------------------
     def _start_send(self, item: _OutFrame, link: int, gen: int) -> bool:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from lynx_npu.transport import TransferDeadlineError
-from lynx_npu.wire import Frame, Kind, decode_frame, encode_frame
+from lynx_npu.wire import VERSION, Frame, Kind, decode_frame, encode_frame
 
 from .fault_proxy import ALL_ACTIONS, FaultProxy, random_plan
 from .helpers import assert_kv_equal, expected_kv, make_layers, pair, small_codec
@@ -39,7 +39,7 @@ def _transfer_through(plan, sender_kw=None, num_layers=3, num_tokens=300, reques
             assert sends[rid].wait(WAIT)
             assert_kv_equal(handle, expected_kv(codec, layers))
             keys = [(kind, layer, page) for _, kind, layer, page, _ in handle.arrivals]
-            assert len(keys) == len(set(keys)) == sends[rid].num_frames  # none lost, none twice
+            assert len(keys) == len(set(keys)) == sends[rid].num_pages  # none lost, none twice
         return proxy.actions()
 
 
@@ -53,7 +53,10 @@ def test_each_fault_alone_is_recovered(action):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_random_faults_over_two_connections(seed):
-    actions = _transfer_through(random_plan(seed), sender_kw={"num_connections": 2},
+    # one page a frame: 36 frames a request for the plan to hit (multi-page frames under
+    # faults: the twenty-transfer suite below)
+    actions = _transfer_through(random_plan(seed), sender_kw={"num_connections": 2,
+                                                              "frame_bytes": 1},
                                 requests=(1, 2))
     assert actions  # the plan did inject faults
 
@@ -87,7 +90,7 @@ def test_unsupported_version_gets_an_error_naming_the_field():
         conn = FrameSocket(sock, DEFAULT_LIMITS)
         client_handshake(conn, None)
         raw = bytearray(encode_frame(Frame(Kind.ACK, 1, ref_kind=1)))
-        raw[4] = 4  # a future version
+        raw[4] = VERSION + 1  # a future version
         sock.sendall(raw)
         reply = conn.read()
         conn.close()
@@ -123,12 +126,12 @@ def _one_fault_per_request(action: str, frames_per_request: int, seed: int = 0):
 
 @pytest.mark.parametrize("action", ALL_ACTIONS)
 def test_twenty_concurrent_transfers_under_each_fault_are_bit_identical(action):
-    """20 requests (2 layers x 192 tokens, pages of 64: 12 frames each) sent at once over one
-    sender with two connections; one frame of every request is faulted. Every request arrives
-    bit-identical to codec.decode_page of its pages, every frame once, none applied twice."""
+    """20 requests (2 layers x 192 tokens, pages of 64: 12 pages each, in 4 frames of 3 pages)
+    sent at once over one sender with two connections; one frame of every request is faulted.
+    Every request arrives bit-identical to codec.decode_page of its pages, every frame once, none applied twice."""
     codec = small_codec("lynx")
     data = {rid: make_layers(2, 192, seed=rid) for rid in range(1, N_TRANSFERS + 1)}
-    frames_per_request = 2 * 3 * 2
+    frames_per_request, pages_per_request = 2 * 2, 2 * 2 * 3  # (layer, stream) frames
     proxy_of = lambda port: FaultProxy(  # noqa: E731
         port, by_frame=_one_fault_per_request(action, frames_per_request))
     with pair(sender_kw={**FAST, "num_connections": 2}, via=proxy_of) as (receiver, sender,
@@ -140,7 +143,8 @@ def test_twenty_concurrent_transfers_under_each_fault_are_bit_identical(action):
             assert sends[rid].wait(WAIT), f"request {rid}"
             assert_kv_equal(handle, expected_kv(codec, layers))
             keys = [(kind, layer, page) for _, kind, layer, page, _ in handle.arrivals]
-            assert len(keys) == len(set(keys)) == sends[rid].num_frames == frames_per_request
+            assert len(keys) == len(set(keys)) == sends[rid].num_pages == pages_per_request
+            assert sends[rid].num_frames == frames_per_request
         faulted = proxy.faulted()
     assert sorted(faulted) == [(rid, action) for rid in data]  # each request hit once
 

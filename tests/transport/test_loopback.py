@@ -23,7 +23,22 @@ def test_every_codec_arrives_bit_identical(name):
         assert sent.wait(WAIT)
         assert_kv_equal(handle, expected_kv(codec, layers))
         frames = [(kind, layer, page) for _, kind, layer, page, _ in handle.arrivals]
-        assert len(frames) == len(set(frames)) == sent.num_frames
+        assert len(frames) == len(set(frames)) == sent.num_pages
+        assert sum(n for *_, n in handle.arrivals) == sent.total_bytes
+
+
+@pytest.mark.parametrize("frame_bytes,frames_per_stream", [(1 << 20, 1), (1, 4), (6000, 2)])
+def test_pages_travel_in_frames_of_up_to_frame_bytes(frame_bytes, frames_per_stream):
+    """A layer's stream of 4 pages (197 tokens, pages of 64; lynx pages of ~3 KB here) in one
+    frame, one frame a page, or frames of at most 6000 bytes (two pages): the same KV arrives."""
+    codec, layers = small_codec("lynx"), make_layers(num_layers=2, num_tokens=197)
+    with pair(sender_kw={"frame_bytes": frame_bytes}) as (receiver, sender, _):
+        sent = sender.send(12, codec, layers)
+        handle = receiver.request(12)
+        assert handle.wait(WAIT) and sent.wait(WAIT)
+        assert_kv_equal(handle, expected_kv(codec, layers))
+        assert sent.num_pages == 2 * 2 * 4
+        assert sent.num_frames == 2 * 2 * frames_per_stream
         assert sum(n for *_, n in handle.arrivals) == sent.total_bytes
 
 

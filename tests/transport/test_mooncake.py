@@ -176,7 +176,7 @@ def test_every_page_arrives_bit_identical(name):
         assert sent.wait(WAIT)
         assert_kv_equal(handle, expected_kv(codec, layers))
         keys = [(kind, layer, page) for _, kind, layer, page, _ in handle.arrivals]
-        assert len(keys) == len(set(keys)) == sent.num_frames
+        assert len(keys) == len(set(keys)) == sent.num_pages
         assert sum(n for *_, n in handle.arrivals) == sent.total_bytes
         assert sender.engine.num_buffers == 0  # released once every stream was read
 
@@ -349,7 +349,7 @@ def test_control_connection_faults_are_recovered(action):
         assert handle.wait(WAIT) and sent.wait(WAIT)
         assert_kv_equal(handle, expected_kv(codec, layers))
         keys = [(kind, layer, page) for _, kind, layer, page, _ in handle.arrivals]
-        assert len(keys) == len(set(keys)) == sent.num_frames
+        assert len(keys) == len(set(keys)) == sent.num_pages
         assert pair.proxy.actions() == [action]
 
 

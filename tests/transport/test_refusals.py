@@ -9,7 +9,7 @@ import pytest
 
 from lynx_npu.transport import (Receiver, ReceiverConfig, RemoteError, Sender, SenderConfig,
                                 TransferError)
-from lynx_npu.wire import Frame, Kind, ReceiveLimits, WireLimits
+from lynx_npu.wire import Frame, Kind, ReceiveLimits, WireLimits, page_table
 
 from .helpers import assert_kv_equal, expected_kv, make_layers, small_codec
 from .hostile_peer import RawPeer, frames_of, with_fields
@@ -114,4 +114,48 @@ def test_a_page_reused_for_other_tokens_is_refused_not_acknowledged_as_a_duplica
             in bytes(reply.payload)
         with pytest.raises(RemoteError, match=r"covers tokens \[64, 128\)"):
             r.request(9).wait(WAIT)
+        peer.close()
+
+
+def _merged(frames: list[Frame], table: bytes | None = None) -> Frame:
+    """One multi-page frame of consecutive one-page frames of a stream (frame format 4)."""
+    first, last = frames[0], frames[-1]
+    table = table if table is not None else page_table(
+        [f.token_end for f in frames], [len(f.payload) for f in frames])
+    return Frame(**{**first.__dict__, "token_end": last.token_end,
+                    "extra_pages": len(frames) - 1,
+                    "payload": table + b"".join(bytes(f.payload) for f in frames)})
+
+
+def test_a_multi_page_frame_is_applied_page_by_page_and_a_resend_is_a_duplicate():
+    codec = small_codec("int8")  # one stream: pages of 64 tokens
+    layers = make_layers(1, 200)
+    frames = frames_of(7, codec, layers)
+    with Receiver(ReceiverConfig()) as r:
+        peer = RawPeer(r.port)
+        merged = _merged(frames[:3])
+        assert peer.exchange(merged).kind == Kind.ACK
+        assert peer.exchange(merged).kind == Kind.ACK  # a resend: acknowledged, not applied
+        assert peer.exchange(frames[3]).kind == Kind.ACK
+        handle = r.request(7)
+        assert handle.wait(WAIT)
+        assert_kv_equal(handle, expected_kv(codec, layers))
+        assert [a[3] for a in handle.arrivals] == [0, 1, 2, 3]  # every page once
+        peer.close()
+
+
+def test_a_broken_page_table_fails_its_request_naming_it_and_the_connection_stays():
+    codec = small_codec("int8")
+    frames = frames_of(8, codec, make_layers(1, 200))
+    sizes = [len(f.payload) for f in frames[:3]]
+    bad = _merged(frames[:3], page_table([64, 128, 192], [sizes[0], sizes[1] + 1, sizes[2]]))
+    with Receiver(ReceiverConfig()) as r:
+        peer = RawPeer(r.port)
+        reply = peer.exchange(bad)
+        assert (reply.kind, reply.request_id) == (Kind.ERROR, 8)
+        assert b"page table entry 2 claims" in bytes(reply.payload)
+        with pytest.raises(RemoteError, match="page table"):
+            r.request(8).wait(WAIT)
+        good = frames_of(9, codec, make_layers(1, 64))[0]
+        assert peer.exchange(good).kind == Kind.ACK
         peer.close()

@@ -1,12 +1,13 @@
-"""The frames frozen as frame format v3 golden bytes (tests/wire/golden/*.bin).
+"""The frames frozen as frame format v4 golden bytes (tests/wire/golden/*.bin).
 
 Parameters are literal dicts, not codec.params(): these fixtures freeze the frame format and
 must not move when a codec's defaults do (golden_payloads.py freezes real codec output).
 They are still complete payload-format-2 parameter sets (test_golden checks that they build).
 Regenerate only for a new frame format version. golden/v1_hello.bin and v2_hello.bin are the
-first frames a format-1 and a format-2 peer send, kept to check that they are refused by name.
+first frames a format-1 and a format-2 peer send (v3_hello.bin: format 3), kept to check that
+they are refused by name.
 """
-from lynx_npu.wire import CodecSpec, Compat, Frame, Kind, ReceiveLimits, params_to_json
+from lynx_npu.wire import CodecSpec, Compat, Frame, Kind, ReceiveLimits, page_table, params_to_json
 
 LYNX_PARAMS = {"alpha_k": 3.0, "alpha_v": 3.0, "anchor_bits": 4, "center": "midrange",
                "chunk_size": 32, "k_axis": "channel", "num_sink_tokens": 4, "page_size": 256,
@@ -38,6 +39,13 @@ FRAMES: dict[str, Frame] = {
                               token_end=7, num_tokens=7, codec_id=2, dtype=1, num_kv_heads=2,
                               head_dim=4, params=params_to_json(INT8_PARAMS),
                               payload=_payload(72, 3)),
+    # three pages of one layer's residual in one frame: the page table, then their bytes
+    "residual_lynx_pages": Frame(Kind.RESIDUAL, RID, layer=4, num_layers=30, page=0,
+                                 token_start=0, token_end=772, num_tokens=8192, codec_id=9,
+                                 dtype=2, num_kv_heads=3, head_dim=64,
+                                 params=params_to_json(LYNX_PARAMS), extra_pages=2,
+                                 payload=page_table([260, 516, 772], [40, 32, 24])
+                                 + _payload(96, 5)),
     "hello_sender": Frame(Kind.HELLO, payload=bytes(range(32)) + SENDER.to_json()),
     "hello_receiver": Frame(Kind.HELLO, payload=bytes(range(32, 64)) + RECEIVER.to_json()),
     "auth_hmac": Frame(Kind.AUTH, payload=bytes(range(100, 132))),

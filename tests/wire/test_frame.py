@@ -9,7 +9,7 @@ from lynx_npu.codec import codec_from_wire, wire_params
 from lynx_npu.wire import (HEADER_SIZE, NONCE_BYTES, ChecksumError, Frame, FrameFieldError,
                            Kind, TruncatedFrameError, UnknownCodecError, UnsupportedVersionError,
                            WireError, WireLimits, crc32c, decode_frame, encode_frame,
-                           params_from_json, params_to_json)
+                           frame_pages, page_table, params_from_json, params_to_json)
 
 from .golden_frames import FRAMES
 
@@ -44,11 +44,12 @@ def test_round_trip_real_codec_page():
 
 @pytest.mark.parametrize("offset,fmt,value,field,exc", [
     (0, "4s", b"LYNY", "magic", FrameFieldError),
-    (4, "B", 4, "version", UnsupportedVersionError),
+    (4, "B", 5, "version", UnsupportedVersionError),
+    (4, "B", 3, "version", UnsupportedVersionError),
     (4, "B", 2, "version", UnsupportedVersionError),
     (4, "B", 1, "version", UnsupportedVersionError),
     (5, "B", 3, "kind", FrameFieldError),
-    (6, "H", 1, "flags", FrameFieldError),
+    (6, "H", 256, "extra_pages", FrameFieldError),  # 257 pages in 256 tokens
     (36, "H", 77, "codec_id", UnknownCodecError),
     (38, "B", 9, "dtype", FrameFieldError),
     (16, "H", 30, "layer", FrameFieldError),
@@ -161,3 +162,47 @@ def test_params_to_json_rejects_non_json():
 def test_encoder_rejects_out_of_range_field():
     with pytest.raises(ValueError, match="does not fit"):
         encode_frame(Frame(Kind.ACK, request_id=-1, ref_kind=1))
+
+
+# -- multi-page data frames (frame format 4) -----------------------------------------------------
+def _pages_frame(ends, sizes, table=None, extra=None, **kw):
+    body = bytes(range(sum(sizes))) if sum(sizes) < 256 else bytes(sum(sizes))
+    return Frame(Kind.ANCHOR, 9, 0, 1, 2, 512, ends[-1], 4096, 2, 1, 0, 2, 4,
+                 params_to_json({"page_size": 256, "payload_format": 2}),
+                 (page_table(ends, sizes) if table is None else table) + body,
+                 extra_pages=len(ends) - 1 if extra is None else extra, **kw)
+
+
+def test_multi_page_frame_splits_into_its_pages():
+    frame = decode_frame(encode_frame(_pages_frame([768, 1024, 1030], [10, 20, 5])))
+    pages = frame_pages(frame)
+    assert [(p.page, p.token_start, p.token_end) for p in pages] == [
+        (2, 512, 768), (3, 768, 1024), (4, 1024, 1030)]
+    assert [bytes(p.payload) for p in pages] == [bytes(range(10)), bytes(range(10, 30)),
+                                                 bytes(range(30, 35))]
+    one = FRAMES["anchor_lynx"]
+    assert [(p.page, bytes(p.payload)) for p in frame_pages(one)] == [(2, bytes(one.payload))]
+
+
+@pytest.mark.parametrize("ends,sizes,table,why", [
+    ([768, 1024, 1030], [10, 20, 5], page_table([1024, 768, 1030], [10, 20, 5]), "entry 1 ends"),
+    ([768, 1024, 1030], [10, 20, 5], page_table([768, 1024, 1029], [10, 20, 5]), "entry 2 ends"),
+    ([768, 1024, 1030], [10, 20, 5], page_table([768, 768, 1030], [10, 20, 5]), "entry 1 ends"),
+    ([768, 1024, 1030], [10, 20, 5], page_table([768, 1024, 1030], [10, 20, 4]), "covers 58"),
+    ([768, 1024, 1030], [10, 20, 5], page_table([768, 1024, 1030], [10, 30, 5]), "claims 30"),
+    ([768, 1024, 1030], [10, 20, 5], page_table([768, 1024, 1030], [0, 30, 5]), "claims 0"),
+    ([768, 1030], [1, 1], b"\x01", "cannot hold the table"),
+])
+def test_a_bad_page_table_is_named(ends, sizes, table, why):
+    """The frame is intact (CRCs hold), its page table is not: frame_pages says why."""
+    frame = decode_frame(encode_frame(_pages_frame(ends, sizes, table, extra=len(ends) - 1)))
+    with pytest.raises(FrameFieldError, match=why) as info:
+        frame_pages(frame)
+    assert info.value.field == "payload"
+
+
+def test_extra_pages_only_on_data_frames():
+    raw = _with_header(encode_frame(FRAMES["ack"]), 6, "H", 1)
+    with pytest.raises(FrameFieldError) as info:
+        decode_frame(raw)
+    assert info.value.field == "extra_pages"

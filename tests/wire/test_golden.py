@@ -1,4 +1,4 @@
-"""Frame format v3 is frozen: today's encoder must produce the golden bytes, the decoder must
+"""Frame format v4 is frozen: today's encoder must produce the golden bytes, the decoder must
 read them back to the same frames. A failure here means the frame format changed (bump
 VERSION and regenerate with tests/wire/make_golden.py --force)."""
 import pathlib
@@ -31,7 +31,8 @@ def test_header_layout_by_hand():
     """Spot-check offsets against the table in frame.py, independently of the struct."""
     raw = (GOLDEN / "anchor_lynx.bin").read_bytes()
     le = lambda a, b: int.from_bytes(raw[a:b], "little")  # noqa: E731
-    assert raw[:4] == b"LYNX" and raw[4] == 3 and raw[5] == 1  # magic, version, ANCHOR
+    assert raw[:4] == b"LYNX" and raw[4] == 4 and raw[5] == 1  # magic, version, ANCHOR
+    assert le(6, 8) == 0                                               # extra_pages: one page
     assert le(8, 16) == 0x0123456789ABCDEF
     assert (le(16, 18), le(18, 20), le(20, 24)) == (3, 30, 2)          # layer, layers, page
     assert (le(24, 28), le(28, 32), le(32, 36)) == (516, 772, 8192)   # token range, total
@@ -66,13 +67,27 @@ def test_literal_parameters_are_complete_payload_format_2_sets():
     assert codec_from_wire(2, INT8_PARAMS).params() == {"page_size": 256}
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_an_older_peer_is_refused_by_version(version):
-    """The first frame a format-1 or format-2 peer sends (kept from before each bump) is
+    """The first frame a format-1, -2 or -3 peer sends (kept from before each bump) is
     refused, naming both versions, before anything else of it is read."""
     raw = (GOLDEN / f"v{version}_hello.bin").read_bytes()
     assert raw[4] == version
     with pytest.raises(UnsupportedVersionError, match=f"format version {version} is not "
                                                       r"supported \(this decoder reads "
-                                                      r"version 3\)"):
+                                                      r"version 4\)"):
         decode_frame(raw)
+
+
+def test_multi_page_layout_by_hand():
+    """Frame format 4: extra_pages at offset 6, then a (token_end, nbytes) u32 pair per page
+    opening the payload, then the pages' bytes."""
+    raw = (GOLDEN / "residual_lynx_pages.bin").read_bytes()
+    le = lambda a, b: int.from_bytes(raw[a:b], "little")  # noqa: E731
+    assert raw[5] == 2 and le(6, 8) == 2                               # RESIDUAL, 3 pages
+    assert (le(20, 24), le(24, 28), le(28, 32)) == (0, 0, 772)         # first page, tokens
+    body = raw[HEADER_SIZE + le(44, 46):]
+    assert len(body) == le(46, 50) == 3 * 8 + 96
+    assert [(le(HEADER_SIZE + le(44, 46) + 8 * i, HEADER_SIZE + le(44, 46) + 8 * i + 4),
+             int.from_bytes(body[8 * i + 4:8 * i + 8], "little")) for i in range(3)] == [
+        (260, 40), (516, 32), (772, 24)]
