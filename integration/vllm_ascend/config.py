@@ -173,6 +173,9 @@ class LynxConnectorConfig:
     # For engines that compute in float32 but whose deployments hold 16-bit KV (the CPU demo):
     # the codecs' page scalars and sink tokens are stored in the KV dtype.
     wire_dtype: str | None = None
+    # tcp: TCP connections to each decode receiver (one reader thread each on the decode side;
+    # on the H100's host two moved 27.7 Gbit/s against 20.3 for one: docs/benchmarks.md)
+    num_connections: int = 1
     # consumer
     host: str = "127.0.0.1"            # receiver listen address (loopback unless configured)
     port: int = 0                      # receiver port; tensor-parallel rank r listens on port + r
@@ -215,6 +218,7 @@ class LynxConnectorConfig:
         check_number("residual_timeout_s", self.residual_timeout_s, 0, 3600, low_open=True)
         check_number("transfer_timeout_s", self.transfer_timeout_s, 0, 86400, low_open=True)
         check_number("num_decode_threads", self.num_decode_threads, 1, 64, integer=True)
+        check_number("num_connections", self.num_connections, 1, 16, integer=True)
         if not isinstance(self.defer_residual, bool):
             raise ValueError(f"{self.defer_residual=} must be a bool")
         if self.secret is not None:

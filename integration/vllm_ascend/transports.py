@@ -63,6 +63,7 @@ class Senders:
                                               deadline_s=c.transfer_timeout_s,
                                               codecs=declared_codecs()), c.lmcache_config())
         return Sender(SenderConfig(port=port, host=host, gbps=c.gbps,
+                                   num_connections=c.num_connections,
                                    deadline_s=c.transfer_timeout_s, secret=c.secret_bytes,
                                    codecs=declared_codecs()))
 

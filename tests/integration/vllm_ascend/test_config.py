@@ -107,6 +107,9 @@ def test_drop_residual_is_a_boolean_too():
     ("kv_consumer", {"num_decode_threads": 10**6}, r"num_decode_threads=1000000 must be a "
                                                    r"finite number in \[1, 64\]"),
     ("kv_consumer", {"num_decode_threads": 2.0}, "num_decode_threads=2.0 must be an int"),
+    ("kv_producer", {"num_connections": 0}, r"num_connections=0 must be a finite number in "
+                                            r"\[1, 16\]"),
+    ("kv_producer", {"num_connections": "2"}, "num_connections='2' must be"),
     ("kv_consumer", {"port": True}, "port=True must be an int"),
     ("kv_consumer", {"max_drafts": False}, "max_drafts=False must be an int"),
     ("kv_producer", {"gbps": float("inf")}, "gbps=inf"),

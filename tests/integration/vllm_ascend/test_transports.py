@@ -84,8 +84,9 @@ def test_workers_transport_carries_a_request(transport, tmp_path):
     pages = []
     receiver = make_receiver(consumer, 0, lambda rid, layer, page, stage: pages.append(
         (rid, layer, page.index, stage)))
-    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer",
-                                                    {"transport": transport, **more}))
+    senders = Senders(LynxConnectorConfig.from_vllm(
+        "kv_producer", {"transport": transport, **more,
+                        **({"num_connections": 2} if transport == "tcp" else {})}))
     try:
         sender = senders.get("127.0.0.1", receiver.port)
         assert senders.get("127.0.0.1", receiver.port) is sender  # one per decode receiver
@@ -97,6 +98,8 @@ def test_workers_transport_carries_a_request(transport, tmp_path):
             from lynx_npu.transport.mooncake import MooncakeReceiver, MooncakeSender
             kinds = (MooncakeReceiver, MooncakeSender)
         assert isinstance(receiver, kinds[0]) and isinstance(sender, kinds[1])
+        if transport == "tcp":
+            assert sender.config.num_connections == 2
         codec = lynx_npu.get_codec("lynx")  # as declared in the handshake: 256-token pages
         layers = make_layers(num_layers=2, num_tokens=600)
         handle = sender.send(77, codec, layers)
