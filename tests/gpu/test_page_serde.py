@@ -18,7 +18,8 @@ if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no CUDA device; set TRITON_INTERPRET=1 to run the Triton kernels on the CPU "
                 "interpreter (ci/test.sh does)", allow_module_level=True)
 
-from ..ops.serde_checks import (check_decode_into, check_encode_cache,  # noqa: E402
+from ..ops.serde_checks import (block_slots, check_decode_into,  # noqa: E402
+                                check_encode_cache, check_encode_slots,
                                 check_every_byte_written, check_request)
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -68,3 +69,64 @@ def test_either_grid_order_gives_the_same_bytes(monkeypatch, heads_fast):
     from lynx_npu.gpu import launch
     monkeypatch.setitem(launch.TUNING["compress"], "HEADS_FAST", heads_fast)
     check_request("lynx", "vllm_flash_nhd", DEVICE, "triton", **SHAPE, **SMALL)
+
+
+# The GPU's pages (256 tokens, chunks of 32) and head_dim: K's compress threads walk 8
+# consecutive tokens of a page, V's steps read 16 (lynx_compress.py ``_run_rows``,
+# ``_win_rows``), so a cache block's consecutive rows are read from a few offsets; page 0's
+# 4 sinks put every page's first token 4 tokens into a block, and t = 300 leaves a last page
+# of 40 tokens (read per token).
+RUNS = dict(h=2, d=128, page_size=256, chunk_size=32)
+
+
+def _run_slots(kind: str, t: int = 300, bs: int = 16):
+    nb = -(-t // bs) + 3
+    if kind == "blocks":  # whole blocks in random order
+        return block_slots(t, nb, bs, "random", seed=3), bs
+    if kind == "entered":  # the first block entered 5 tokens in (every run's phase moves)
+        blocks = torch.randperm(nb, generator=torch.Generator().manual_seed(4))
+        tt = torch.arange(t) + 5
+        return blocks[tt // bs] * bs + tt % bs, bs
+    if kind == "tokens":  # single tokens anywhere: every page read per token
+        return torch.randperm(nb * bs, generator=torch.Generator().manual_seed(5))[:t], bs
+    if kind == "swapped":  # whole blocks, but two tokens of page 1 swapped: only it per token
+        s = block_slots(t, nb, bs, "random", seed=6).clone()
+        s[[270, 281]] = s[[281, 270]]
+        return s, bs
+    if kind in ("block8", "block32"):  # other block sizes: runs of 8 / 32 rows
+        b = int(kind[5:])
+        return block_slots(t, -(-t // b) + 3, b, "random", seed=7), b
+    raise ValueError(kind)
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """The paged compress with runs of rows on (launch.py ``PAGED_RUNS``, off by default)."""
+    from lynx_npu.gpu import launch
+    monkeypatch.setitem(launch.TUNING["compress"], "ROW_BLOCKS", True)
+
+
+@pytest.mark.parametrize("kind", ["blocks", "entered", "tokens", "swapped", "block8", "block32"])
+def test_paged_compress_any_slot_mapping(runs, kind):
+    """The paged compress reads a page's rows as runs of a block's consecutive rows where the
+    page's offsets are such runs (one launch), and per token where they are not (a second;
+    decided per page): the bytes equal the reference for every slot mapping."""
+    slots, bs = _run_slots(kind)
+    assert check_encode_slots("lynx", "vllm_flash_nhd", slots, DEVICE, "triton", block_size=bs,
+                              **RUNS) == "triton"
+
+
+def test_paged_compress_reads_runs_for_the_gpu_pages(runs):
+    """Both K's and V's launches of those pages read runs (a block size the kernel tries)."""
+    from lynx_npu.codec.lynx_config import make_config
+    from lynx_npu.gpu import launch
+    cfg = make_config(page_size=256, chunk_size=32)
+    view = torch.empty(2, 16, 128)
+    for which in "kv":
+        assert launch._row_block(view, launch._blocks(cfg, 128, which)) == 16
+
+
+def test_every_layer_of_a_request_in_runs(runs):
+    """Layers of 300 tokens in one launch: layer l's rows start at token l * 300 of the plan,
+    so each layer's blocks start at another phase of the launch's token index."""
+    check_request("lynx", "vllm_flash_nhd", DEVICE, "triton", t=300, **RUNS)

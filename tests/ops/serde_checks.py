@@ -86,6 +86,25 @@ def check_encode_cache(name: str, layout: str, order: str, device, backend=None,
     return encoded.backend
 
 
+def check_encode_slots(name: str, layout: str, slots: torch.Tensor, device, backend=None,
+                       h=2, d=32, dtype=torch.bfloat16, block_size=16, num_blocks=None,
+                       **overrides) -> str:
+    """A layer written at ``slots`` (any slot mapping: whole blocks in any order, a first block
+    entered part way, single tokens anywhere) of a paged cache on ``device`` encodes to the
+    reference pages."""
+    codec = small_codec(name, **overrides)
+    t = slots.numel()
+    k, v = random_kv(h, t, d, dtype, seed=t + 7)
+    nb = num_blocks or int(slots.max()) // block_size + 1
+    tensors = KV_CACHE_LAYOUTS[layout].allocate(nb, block_size, h, d, dtype, device,
+                                                fill=POISON)
+    cache = PagedKVCache.build(layout, [tensors])
+    cache.write(0, slots, k, v)
+    encoded = serde_for(codec, backend).encode_cache(cache.layer(0), slots.to(device)).wait()
+    assert_same_bytes(encoded, reference_pages(codec, k, v))
+    return encoded.backend
+
+
 def check_decode_into(name: str, layout: str, stage: str, device, backend=None, h=2, t=150,
                       d=32, dtype=torch.bfloat16, **overrides) -> str:
     """Received pages written into a paged cache on ``device`` equal the reference decode;
