@@ -35,7 +35,7 @@ MAX_PAGE = 1024
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
 TUNING = {"compress": {"BD": None, "num_warps": None, "RPT": None, "TREE": True, "SMEM": None,
                        "maxnreg": None, "X_WORDS": None, "EVICT": None, "PACK_ASM": None,
-                       "POLY": None, "HEADS_FAST": None},
+                       "POLY": None, "HEADS_FAST": None, "ROW_BLOCKS": None},
           "decompress": {"TB": None, "num_warps": None, "HEADS_FAST": None}}
 
 
@@ -229,12 +229,40 @@ def _heads_fast(paged: bool, num_programs: int) -> bool:
     return (paged and HEADS_FAST_PAGED if fast is None else bool(fast)) and num_programs <= 65535
 
 
+# A paged cache's pages whose rows are runs of a block's consecutive rows read from two offsets
+# per run (lynx_compress.py ``_run_rows`` / ``_win_rows``, launch MODE 1) and the others per
+# token (MODE 2). Off until the two launches are timed together on the H100: the runs path
+# alone measured 1.76 ms against 1.98 (74.9% of copy) on a request of full pages, but with
+# the per-token code in the same launch 2.87 ms (docs/benchmarks.md, 2026-11-26 third
+# session). TUNING["compress"]["ROW_BLOCKS"] (True / False, or per "k" / "v") overrides.
+PAGED_RUNS = False
+
+
+def _row_block(x: torch.Tensor, blk: dict, which: str = "k") -> int:
+    """The block size (tokens) the paged compress kernel tries for ``rows`` (lynx_compress.py
+    ``_block_phase``): the cache's block size, which is the base view's token extent (the
+    callers pass views of the cache at block 0, [heads, block_size, head_dim]); 0 (an offset
+    per token) where a thread's run of tokens could span more than one block start. Only a
+    guess: the kernel checks each page's offsets and reads per token where they differ.
+    Channel axis: a thread walks C / CS consecutive tokens; token axis: a step reads TS
+    consecutive tokens (both at most one block start)."""
+    on = TUNING["compress"]["ROW_BLOCKS"]
+    on = on.get(which) if isinstance(on, dict) else on
+    if not (PAGED_RUNS if on is None else on) or x.dim() != 3:
+        return 0
+    b = int(x.shape[1])
+    run = blk["TS"] if blk["TOKEN_AXIS"] else blk["C"] // blk["CS"]
+    return b if b >= 2 and b & (b - 1) == 0 and run <= b else 0
+
+
 def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=None,
              previews=None, row_align: int = 1, flags: torch.Tensor | None = None):
     """``rows`` (a paged cache, ops/lynx_serde.py): int64 [num_tokens] element offsets of each
     token's row from k's / v's first element (or a (k rows, v rows) pair), read by the kernel
     in place of ``t * stride`` (the gather fused into compress; k and v are then views of the
-    cache at block 0; the tokens of several layers can be one plan this way); ``row_align``:
+    cache at block 0, [heads, block_size, head_dim]: the kernel then reads each run of a
+    block's consecutive rows from two offsets, where a page's offsets are such runs; the
+    tokens of several layers can be one plan this way); ``row_align``:
     a power of two (elements) dividing every row offset, which keeps the loads vectorized.
     ``previews``: (int64 [num_pages, 2] byte offsets, uint8 [2, 65536] table): the kernel also
     stores the wire's one-byte scalar previews (ops/wire_layout.py).
@@ -285,27 +313,31 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
             programs = plan.num_pages * blk["num_dt"]
             heads_fast = _heads_fast(rows is not None, programs)
             grid = (plan.num_kv_heads, programs) if heads_fast else (programs, plan.num_kv_heads)
-            lynx_compress_kernel[grid](
-                x, *x.stride(), rows[wi] if rows is not None else dummy,
-                previews[0] if previews is not None else dummy,
-                previews[1] if previews is not None else a8, a8, akv, a16, aw, res_arg, rw, table,
-                search_entries[wi], recip_table(dev), flags,
-                plan.num_kv_heads, plan.head_dim, blk["num_dt"], plan.num_pages * plan.num_kv_heads,
-                WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
-                CS=blk["CS"], GC=blk["GC"], TS=blk["TS"], GT=blk["GT"],
-                BS=_pow2(cfg.num_sink_tokens), ES=es,
-                A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits, BIAS=cfg.bias,
-                ALPHA=search.alpha, SCALE=search.scale, P0=search.p0, EPS=search.eps,
-                MIDRANGE=cfg.center == "midrange",
-                TREE=TUNING["compress"]["TREE"], A_WORDS=a_words,
-                R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),
-                EVEN_D=plan.head_dim % blk["BD"] == 0, X_WORDS=_x_words(x),
-                EVICT=TUNING["compress"]["EVICT"] is not False,
-                PACK_ASM=_pack_asm(x), POLY=poly is not None,
-                C1=poly.c1 if poly else 0.0, C2=poly.c2 if poly else 0.0,
-                PAGED=_pow2_floor(row_align) if rows is not None else 0,
-                PREVIEW=previews is not None, HEADS_FAST=heads_fast,
-                num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
+            block = (_row_block(x, blk, which) if rows is not None and cfg.center == "midrange"
+                     else 0)
+            for mode in ((1, 2) if block else (0,)):  # runs of rows, then the other pages
+                lynx_compress_kernel[grid](
+                    x, *x.stride(), rows[wi] if rows is not None else dummy,
+                    previews[0] if previews is not None else dummy,
+                    previews[1] if previews is not None else a8, a8, akv, a16, aw, res_arg, rw,
+                    table, search_entries[wi], recip_table(dev), flags,
+                    plan.num_kv_heads, plan.head_dim, blk["num_dt"],
+                    plan.num_pages * plan.num_kv_heads,
+                    WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
+                    CS=blk["CS"], GC=blk["GC"], TS=blk["TS"], GT=blk["GT"],
+                    BS=_pow2(cfg.num_sink_tokens), ES=es,
+                    A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits, BIAS=cfg.bias,
+                    ALPHA=search.alpha, SCALE=search.scale, P0=search.p0, EPS=search.eps,
+                    MIDRANGE=cfg.center == "midrange",
+                    TREE=TUNING["compress"]["TREE"], A_WORDS=a_words,
+                    R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),
+                    EVEN_D=plan.head_dim % blk["BD"] == 0, X_WORDS=_x_words(x),
+                    EVICT=TUNING["compress"]["EVICT"] is not False,
+                    PACK_ASM=_pack_asm(x), POLY=poly is not None,
+                    C1=poly.c1 if poly else 0.0, C2=poly.c2 if poly else 0.0,
+                    PAGED=_pow2_floor(row_align) if rows is not None else 0,
+                    PREVIEW=previews is not None, HEADS_FAST=heads_fast, BLOCK=block, MODE=mode,
+                    num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
     except BaseException:
         if own_flags:  # a partial launch may have flagged: this thread's next call starts clean
             flags.zero_()

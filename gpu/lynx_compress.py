@@ -21,6 +21,14 @@ The strip is held as [..., G, 8]: a thread owns groups of 8 consecutive channels
   values: a step is [GT, TS, NCD, GL, 8], GT groups of a chunk in a thread's registers and
   GL = GC / GT neighbouring lanes (``_token_rows``).
 
+A paged cache (PAGED: the launcher's row offsets, the gather fused into the loads) is read in
+two launches when the launcher names a block size (launch.py ``PAGED_RUNS``, off by default):
+MODE 1 codes the pages whose offsets are runs of a block's consecutive rows (``_block_phase``,
+checked per program), each thread's rows computed from two offsets per run loaded once
+(``_run_rows``, channel axis) or two scalars per step (``_win_rows``, token axis), with no
+offset load and no shared-memory conversion in the loops; MODE 2 the other pages, an offset
+per token. Per-token code inside MODE 1's loops, even where never executed, made them slower.
+
 Rows past the page body read its last token (``_load_rows``): no masks on full pages. Pass 2
 loads each step's rows one step ahead (bfloat16 as int32 words of two channels), in a loop
 unrolled by two so that the prefetched rows need no register copies.
@@ -246,6 +254,94 @@ def _row(s_t, rows_ptr, tok, PAGED: tl.constexpr):
 
 
 @triton.jit
+def _block_phase(rows_ptr, body0, tp, s_t, BT: tl.constexpr, BLOCK: tl.constexpr,
+                 PAGED: tl.constexpr):
+    """(q, ok, base) of a page's row offsets: ok where every break (a token whose row is not
+    the previous token's + s_t) is at a page token t with t % BLOCK == q, i.e. the page's
+    tokens are runs of consecutive rows (a paged cache's blocks of BLOCK tokens) whose starts
+    are known, every row is within 2**30 elements of ``base`` (the first token's) and the
+    page is full (tp == BT: no token past the body to clamp): then
+    ``_run_rows`` needs two 32-bit offsets per run of at most BLOCK tokens, not a load per
+    token. Checked per program on the offsets themselves, so any slot mapping stays exact
+    (the launcher's BLOCK is only a guess of the cache's block size)."""
+    t = tl.arange(0, BT)
+    cur = tl.load(rows_ptr + body0 + tl.minimum(t, tp - 1))
+    prev = tl.load(rows_ptr + body0 + tl.maximum(tl.minimum(t, tp - 1) - 1, 0))
+    base = tl.load(rows_ptr + body0)
+    if PAGED > 1:  # here, on the load: a hint on a value passed on is lost
+        base = tl.multiple_of(base, PAGED)
+    brk = (t >= 1) & (t < tp) & (cur - prev != s_t)
+    first = tl.min(tl.where(brk, t, BT))
+    q = first & (BLOCK - 1)
+    far = (cur - base >= (1 << 30)) | (cur - base <= -(1 << 30))
+    off = tl.max(tl.where((brk & (((t - q) & (BLOCK - 1)) != 0)) | far, 1, 0))
+    return q, (off == 0) & (tp == BT) & (s_t < (1 << 30) // BT), base
+
+
+@triton.jit
+def _run_rows(rows_ptr, body0, tr0, tp, s_t, q, base, BLOCK: tl.constexpr,
+              UNIT: tl.constexpr):
+    """Rows walking page tokens tr0, tr0 + 1, ... of a full page (channel axis: a thread's
+    C / CS steps), given ``_block_phase``'s q and base: (ra, rb, kb) for ``_run_row``,
+    int32 offsets from ``base`` in UNITs of elements: a run crosses at most one block start,
+    kb steps in (its length is at most BLOCK), after which its rows continue from rb."""
+    a = tr0  # a full page (``_block_phase``)
+    kb = BLOCK - ((a - q) & (BLOCK - 1))
+    ra = ((_load_offsets(rows_ptr + body0 + a) - base) // UNIT).to(tl.int32)
+    rb = ((_load_offsets(rows_ptr + body0 + tl.minimum(a + kb, tp - 1)) - base) // UNIT
+          ).to(tl.int32) - kb * (s_t // UNIT)
+    return ra, rb, kb
+
+
+@triton.jit
+def _win_rows(rows_ptr, body0, w, q, base, s_t, TS: tl.constexpr, BLOCK: tl.constexpr,
+              UNIT: tl.constexpr):
+    """Token axis (a step: page tokens w .. w + TS - 1, TS <= BLOCK): the step's rows from two
+    scalar loads (the same for every thread: no layout conversion), given ``_block_phase``'s q
+    and base: (e, d0, d1) for ``_win_row``: token w + t is t * s_t + d1 from base where
+    t >= e (the run starting inside the step), else t * s_t + d0 (UNITs of elements)."""
+    su = s_t // UNIT
+    last = w + TS - 1
+    s1 = tl.maximum(last - ((last - q) & (BLOCK - 1)), 0)
+    s0 = tl.maximum(w - ((w - q) & (BLOCK - 1)), 0)
+    r0 = ((tl.load(rows_ptr + body0 + s0) - base) // UNIT).to(tl.int32)
+    r1 = ((tl.load(rows_ptr + body0 + s1) - base) // UNIT).to(tl.int32)
+    return s1 - w, r0 - (s0 - w) * su, r1 - (s1 - w) * su
+
+
+@triton.jit
+def _win_row(t, e, d0, d1, s_t, PAGED: tl.constexpr, UNIT: tl.constexpr):
+    """Offset (UNITs of elements) from ``base`` of token ``t`` of a step, from
+    ``_win_rows``' scalars."""
+    r = (t * (s_t // UNIT) + tl.where(t >= e, d1, d0)).to(tl.int64)
+    if PAGED // UNIT > 1:
+        r = tl.multiple_of(r, PAGED // UNIT)
+    return r
+
+
+@triton.jit
+def _load_offsets(ptr):
+    """int64 offsets at ``ptr``, in the layout of ``ptr`` (the rows'): with tl.load they get a
+    layout of their own and every step converts what is computed from them through shared
+    memory (2 barriers a step); once per program here, so the inline PTX costs nothing."""
+    if INTERPRET:
+        return tl.load(ptr)
+    else:
+        return tl.inline_asm_elementwise("ld.global.nc.b64 $0, [$1];", "=l,l", [ptr],
+                                         dtype=tl.int64, is_pure=True, pack=1)
+
+
+@triton.jit
+def _run_row(ra, rb, kb, k, s_t, PAGED: tl.constexpr, UNIT: tl.constexpr):
+    """Offset (UNITs of elements) from ``base`` of the k-th token of ``_run_rows``' runs:
+    registers only, no load."""
+    r = (k * (s_t // UNIT) + tl.where(k >= kb, rb, ra)).to(tl.int64)
+    if PAGED // UNIT > 1:
+        r = tl.multiple_of(r, PAGED // UNIT)
+    return r
+
+
+@triton.jit
 def _preview(v, ptab_ptr, ROW: tl.constexpr, mask):
     """The scalar-preview byte of float16 statistics ``v`` (ROW 0: mu, 1: sigma): a lookup by
     bit pattern in the 64K-entry table made by lynx_stream.preview itself, so every preview
@@ -265,13 +361,18 @@ def _preview(v, ptab_ptr, ROW: tl.constexpr, mask):
 
 @triton.jit
 def _load_rows(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, other, EVEN_D: tl.constexpr,
-               HINT: tl.constexpr, PAGED: tl.constexpr):
+               HINT: tl.constexpr, PAGED: tl.constexpr, ro=0, RO: tl.constexpr = False,
+               UNIT: tl.constexpr = 1):
     """The strip's rows of page tokens ``tr`` [R] (channel offsets ``xoff`` [R, 8]). Tokens past
     the page body (tp >= 1) read its last token instead: a copy changes no min / max, and
     what is computed from it is never stored; so only channels past head_dim (not EVEN_D)
     need a mask, and the full strips of real KV load with no mask and no fill registers.
-    HINT: the L1 / L2 eviction policy of the load ("" for none)."""
-    ptr = xh + _row(s_t, rows_ptr, body0 + tl.minimum(tr, tp - 1), PAGED)[:, None] + xoff
+    HINT: the L1 / L2 eviction policy of the load ("" for none). RO: the rows' offsets are
+    ``ro`` [R] in UNITs of elements (``_run_row``), not looked up."""
+    if RO:
+        ptr = xh + (ro * UNIT)[:, None] + xoff
+    else:
+        ptr = xh + _row(s_t, rows_ptr, body0 + tl.minimum(tr, tp - 1), PAGED)[:, None] + xoff
     if EVEN_D:
         return tl.load(ptr, eviction_policy=HINT)
     else:
@@ -281,7 +382,7 @@ def _load_rows(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, other, EVEN_D: tl.con
 @triton.jit
 def _load_step(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, NAN: tl.constexpr,
                EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
-               PAGED: tl.constexpr):
+               PAGED: tl.constexpr, ro=0, RO: tl.constexpr = False):
     """Pass 2's rows as loaded (padding NaN if NAN, else 0): ``_load_rows`` in the KV dtype
     [R, 8], or, if WORDS (bfloat16, channels contiguous, even strides), as int32 words of two
     values [R, 4] (``xoff`` and ``cm`` then in words). ``_widen`` converts a word with one
@@ -289,7 +390,9 @@ def _load_step(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, NAN: tl.constexpr,
     IMAD) for every odd one."""
     if WORDS:
         tok = body0 + tl.minimum(tr, tp - 1)
-        if PAGED:
+        if RO:  # already in words (UNIT 2)
+            rw = ro
+        elif PAGED:
             rw = tl.load(rows_ptr + tok) >> 1  # even (WORDS): // 2 without a sign fix-up
             if PAGED > 3:
                 rw = tl.multiple_of(rw, PAGED // 2)
@@ -304,7 +407,7 @@ def _load_step(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, NAN: tl.constexpr,
             return tl.load(ptr, mask=cm, other=0, eviction_policy=HINT)
     else:
         return _load_rows(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm,
-                          float("nan") if NAN else 0.0, EVEN_D, HINT, PAGED)
+                          float("nan") if NAN else 0.0, EVEN_D, HINT, PAGED, ro, RO, 1)
 
 
 @triton.jit
@@ -473,7 +576,8 @@ def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin,
                    TREE: tl.constexpr, SMEM: tl.constexpr,
                    EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
                    PACK_ASM: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr,
-                   C2: tl.constexpr, PAGED: tl.constexpr, PREVIEW: tl.constexpr):
+                   C2: tl.constexpr, PAGED: tl.constexpr, PREVIEW: tl.constexpr,
+                   ra, rb, kb, RUNS: tl.constexpr):
     """Channel axis, given the raw chunk min / max lo, hi [NC, G, 8], gmin and y = 1 / scale
     (``_recip_or_zero``) [G, 8]:
     chunk statistics, then the strip again in NIT = C / CS steps of [NC, CS, G, 8] (step k
@@ -481,6 +585,7 @@ def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin,
     NC: tl.constexpr = BT // C
     NIT: tl.constexpr = C // CS
     RS: tl.constexpr = CS * NC * G
+    UNIT: tl.constexpr = 2 if WORDS else 1
     lo_n = (lo - gmin) * y  # = min / max of xn over the chunk (xn is monotone)
     hi_n = (hi - gmin) * y
     nc = tl.arange(0, NC)
@@ -524,12 +629,15 @@ def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin,
     mu_c = tl.expand_dims(_code_centre(mu, isg, lo_n), 0)
     # each step's rows are loaded a step ahead (the re-read mostly comes from L2: its latency
     # is hidden behind a step of work rather than by other warps, of which there are few)
+    # RUNS: a thread's rows walk runs of consecutive rows (``_run_row``: no offset loads)
     xk = _load_step(xh, s_t, rows_ptr, body0, tr0, tp, xoff, cm, False, EVEN_D, WORDS, HINT,
-                    PAGED)
+                    PAGED, _run_row(ra, rb, kb, 0, s_t, PAGED, UNIT) if RUNS else 0, RUNS)
     for k in tl.range(NIT, loop_unroll_factor=2):  # no register copies of x_next
         tr = tr0 + k
-        x_next = _load_step(xh, s_t, rows_ptr, body0, tr0 + tl.minimum(k + 1, NIT - 1), tp,
-                            xoff, cm, False, EVEN_D, WORDS, HINT, PAGED)
+        kn = tl.minimum(k + 1, NIT - 1)
+        x_next = _load_step(xh, s_t, rows_ptr, body0, tr0 + kn, tp, xoff, cm, False, EVEN_D,
+                            WORDS, HINT, PAGED,
+                            _run_row(ra, rb, kb, kn, s_t, PAGED, UNIT) if RUNS else 0, RUNS)
         xn = (tl.reshape(_widen(xk, RS, WORDS), [CS, NC, G, 8]) - gmin) * y
         _encode_rows(xn, mu_c, tl.expand_dims(isg, 0),
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
@@ -570,13 +678,14 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
                  MIDRANGE: tl.constexpr, TREE: tl.constexpr, SMEM: tl.constexpr,
                  EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
                  PACK_ASM: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr,
-                 C2: tl.constexpr, PAGED: tl.constexpr, PREVIEW: tl.constexpr):
+                 C2: tl.constexpr, PAGED: tl.constexpr, PREVIEW: tl.constexpr,
+                 base, q, BLOCK: tl.constexpr, RUNS: tl.constexpr):
     """Token axis, given gmin, y = 1 / scale [GT, NCD, GL, 8] (pass 1's layout): the strip again, TS
     tokens at a time as [GT, TS, NCD, GL, 8] (``_token_rows``), normalised; chunk statistics
     per token, codes, stores. Row r lives in thread r % (32 * num_warps) (the launcher's TS
     makes TS * NCD * GL the thread count), so a thread holds GT groups of a chunk and GL
     neighbouring lanes the rest: the chunk's min / max is mostly in registers and its
-    statistics are computed by GL lanes, not by GC."""
+    statistics are computed by GL lanes, not by GC. RUNS: rows from ``_win_rows``."""
     NCD: tl.constexpr = G // GC
     GL: tl.constexpr = GC // GT
     CE: tl.constexpr = GC * 8
@@ -591,13 +700,29 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
     ncd = (D + C - 1) // C
     # channels past head_dim are NaN, which minnum / maxnum ignore (a chunk's padding); each
     # step's rows are loaded a step ahead, as on the channel axis
+    NIT: tl.constexpr = BT // TS
+    UNIT: tl.constexpr = 2 if WORDS else 1
+    # RUNS: each step's rows from two scalars (``_win_rows``), loaded a step before the rows
+    if RUNS:
+        e, d0, d1 = _win_rows(rows_ptr, body0, 0, q, base, s_t, TS, BLOCK, UNIT)
+        ro = _win_row(t_r, e, d0, d1, s_t, PAGED, UNIT)
+        e, d0, d1 = _win_rows(rows_ptr, body0, tl.minimum(1, NIT - 1) * TS, q, base, s_t, TS,
+                              BLOCK, UNIT)
+    else:
+        ro = 0
     xk = _load_step(xh, s_t, rows_ptr, body0, t_r, tp, xoff, cmx, True, EVEN_D, WORDS, HINT,
-                    PAGED)
-    for k in tl.range(BT // TS, loop_unroll_factor=2):  # no register copies of x_next
+                    PAGED, ro, RUNS)
+    for k in tl.range(NIT, loop_unroll_factor=2):  # no register copies of x_next
+        kn = tl.minimum(k + 1, NIT - 1)
         tr = k * TS + t_r
-        x_next = _load_step(xh, s_t, rows_ptr, body0,
-                            tl.minimum(k + 1, BT // TS - 1) * TS + t_r, tp, xoff, cmx, True,
-                            EVEN_D, WORDS, HINT, PAGED)
+        tn = kn * TS + t_r
+        if RUNS:
+            ro = _win_row(t_r, e, d0, d1, s_t, PAGED, UNIT)
+        x_next = _load_step(xh, s_t, rows_ptr, body0, tn, tp, xoff, cmx, True, EVEN_D, WORDS,
+                            HINT, PAGED, ro, RUNS)
+        if RUNS:
+            e, d0, d1 = _win_rows(rows_ptr, body0, tl.minimum(k + 2, NIT - 1) * TS, q, base,
+                                  s_t, TS, BLOCK, UNIT)
         xn = (tl.reshape(_widen(xk, RS, WORDS), [GT, TS, NCD, GL, 8]) - gmin5) * y5
         lo, hi = tl.reduce((xn, xn), 4, minmax_combine)
         lo, hi = tl.reduce((lo, hi), 3, minmax_combine)
@@ -635,6 +760,135 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
 
 
 @triton.jit
+def _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr, r8_ptr, rw_ptr,
+           search_ptr, recip_ptr, flags_ptr, gamma, stats, prev, codes_off, res_off, flag,
+           h, H, D, d0, body0, tp, q, base,
+           WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
+           C: tl.constexpr, CS: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
+           GT: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
+           ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
+           MIDRANGE: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
+           SMEM: tl.constexpr, EVEN_D: tl.constexpr, X_WORDS: tl.constexpr,
+           EVICT: tl.constexpr, PACK_ASM: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr,
+           C2: tl.constexpr, TREE: tl.constexpr, PAGED: tl.constexpr, PREVIEW: tl.constexpr,
+           BLOCK: tl.constexpr, RUNS: tl.constexpr):
+    """The strip's two passes and its gamma / flags (the kernel's body below the page's plan
+    row). RUNS: the rows are read as runs of consecutive rows (``_block_phase`` said so for
+    this page: ``_run_rows``, ``_win_rows``), else looked up per token (PAGED) or computed
+    (dense)."""
+    # Pass 1 reads the strip in steps of [RS, 8] (row r: a group of 8 consecutive channels of
+    # one token; only the last axis is contiguous, so every Triton version lays it out alike:
+    # 8 values per thread, rows across lanes, then warps) and keeps element-wise min / max;
+    # pass 2 reads it again (L1 / L2 hits) to code it.
+    j = tl.arange(0, 8)
+    if not TOKEN_AXIS:
+        NC: tl.constexpr = BT // C
+        NIT: tl.constexpr = C // CS
+        RS: tl.constexpr = CS * NC * G
+        # r = (cs * NC + nc) * G + g: chunk token c = cs * NIT + k. Row r lives in thread
+        # r % (32 * num_warps), so where NC * G is the thread count (the launcher's choice of
+        # BD) a thread holds all CS tokens of its (chunk, group) and walks the chunk: the chunk
+        # reduction stays in registers and each chunk's statistics are computed once, not once
+        # per lane of a shuffle reduction.
+        r = tl.arange(0, RS)
+        tr0 = ((r // G) % NC) * C + (r // (G * NC)) * NIT
+        gr = d0 + (r % G) * 8
+    else:  # the rows of the codes pass (pass 1 then leaves gmin / gmax in its layout)
+        NCD: tl.constexpr = G // GC
+        GL: tl.constexpr = GC // GT
+        RS: tl.constexpr = TS * G
+        NIT: tl.constexpr = BT // TS
+        tr0, gr = _token_rows(tl.arange(0, RS), d0, TS, NCD, GT, GL)
+    UNIT: tl.constexpr = 2 if X_WORDS else 1  # pass 2's loads: words of two values
+    if RUNS:  # loaded once, kept for both passes; rows from base
+        xh = xh + base
+    if RUNS and not TOKEN_AXIS:
+        ra, rb, kb = _run_rows(rows_ptr, body0, tr0, tp, s_t, q, base, BLOCK, UNIT)
+    else:
+        ra = 0
+        rb = 0
+        kb = 0
+    cm = (gr[:, None] + j[None, :]) < D
+    xoff = (gr[:, None] + j[None, :]) * s_d
+    # The min / max propagate NaN (min.NaN / max.NaN, no extra instruction), so a channel's
+    # page min or max is not finite exactly when a value of it is NaN or Inf: the flag below
+    # costs one test per channel, not per value. Channels past head_dim load as NaN (no
+    # per-value select); their min / max are never flagged, stored or mixed with another
+    # channel's. On the GPU min / max stay in the KV dtype (exact; packed pairs for 16-bit
+    # floats, no conversion); the interpreter's bfloat16 maximum is wrong (Triton 3.9: -inf),
+    # so it takes float32.
+    xdt = tl.float32 if INTERPRET else x_ptr.dtype.element_ty
+    lo = tl.full([RS, 8], float("inf"), xdt)
+    hi = tl.full([RS, 8], float("-inf"), xdt)
+    for k in tl.static_range(NIT):
+        if not TOKEN_AXIS:
+            tr = tr0 + k
+            if RUNS:
+                ro = _run_row(ra, rb, kb, k, s_t, PAGED, UNIT)
+            else:
+                ro = 0
+        else:
+            tr = tr0 + k * TS
+            if RUNS:
+                e, w0, w1 = _win_rows(rows_ptr, body0, k * TS, q, base, s_t, TS, BLOCK, UNIT)
+                ro = _win_row(tr0, e, w0, w1, s_t, PAGED, UNIT)
+            else:
+                ro = 0
+        xk = _load_rows(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, float("nan"), EVEN_D,
+                        "evict_last" if EVICT else "", PAGED, ro, RUNS, UNIT).to(xdt)
+        lo = pmin(lo, xk)
+        hi = pmax(hi, xk)
+    lo = lo.to(tl.float32)
+    hi = hi.to(tl.float32)
+    if not TOKEN_AXIS:  # chunk min / max [NC, G, 8], then over the chunks
+        lo, hi = tl.reduce((tl.reshape(lo, [CS, NC, G, 8]), tl.reshape(hi, [CS, NC, G, 8])), 0,
+                           minmax_nan_combine)
+        gmin, gmax = tl.reduce((lo, hi), 0, minmax_nan_combine)  # [G, 8]
+    else:  # [GT, NCD, GL, 8]
+        gmin, gmax = tl.reduce((tl.reshape(lo, [GT, TS, NCD, GL, 8]),
+                                tl.reshape(hi, [GT, TS, NCD, GL, 8])), 1, minmax_nan_combine)
+    y = _recip_or_zero(gmax - gmin)  # xn = RN(RN(x - gmin) * y), as lynx_ref
+    # the search table: in registers (-> shared memory for tl.gather) if SMEM, else global (L1)
+    if SMEM:
+        tab = tl.load(search_ptr + tl.arange(0, SEARCH_LEN))
+    else:
+        tab = search_ptr
+    if not TOKEN_AXIS:
+        _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
+                       prev, ptab_ptr, recip_ptr,
+                       codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
+                       SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
+                       MIDRANGE, TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "",
+                       PACK_ASM, POLY, C1, C2, PAGED, PREVIEW, ra, rb, kb, RUNS)
+    else:
+        _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats, prev,
+                     ptab_ptr, recip_ptr, codes_off,
+                     res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA, SCALE, P0,
+                     EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, MIDRANGE,
+                     TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "", PACK_ASM,
+                     POLY, C1, C2, PAGED, PREVIEW, base, q, BLOCK, RUNS)
+    gdt = akv_ptr.dtype.element_ty
+    if not TOKEN_AXIS:
+        dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]
+    else:  # gmin's [GT, NCD, GL, 8]: group ncd * GC + gt * GL + gl
+        gt = tl.arange(0, GT)[:, None, None, None]
+        nd = tl.arange(0, NCD)[None, :, None, None]
+        gl = tl.arange(0, GL)[None, None, :, None]
+        dg = d0 + ((nd * GC + gt * GL + gl) * 8 + j[None, None, None, :])
+    gmask = dg < tl.minimum(tp, 1) * D  # no gamma for a page without body tokens
+    tl.store(gamma + h * D + dg, gmin.to(gdt), mask=gmask)
+    tl.store(gamma + H * D + h * D + dg, gmax.to(gdt), mask=gmask)
+    # Input no page can carry (lynx_ref.quantize refuses it): a channel with NaN / Inf (its
+    # min or max not finite), or whose range overflows float32. One reduction per program.
+    fin = (tl.abs(gmin) < float("inf")) & (tl.abs(gmax) < float("inf"))
+    bad = tl.sum(tl.where((dg < D) & ~fin, 65536, 0)
+                 + tl.where((dg < D) & fin & ~(gmax - gmin < float("inf")), 1, 0))
+    tl.atomic_max(flags_ptr + 2 * WHICH, flag, mask=bad >= 65536)
+    tl.atomic_max(flags_ptr + 2 * WHICH + 1, flag, mask=(bad & 65535) > 0)
+
+
+
+@triton.jit
 def lynx_compress_kernel(
         x_ptr, s_h, s_t, s_d,            # K or V [H, T, D] and its strides (elements)
         rows_ptr,                        # PAGED: int64 [T] row offsets (elements) from x_ptr
@@ -659,7 +913,7 @@ def lynx_compress_kernel(
         X_WORDS: tl.constexpr, EVICT: tl.constexpr, PACK_ASM: tl.constexpr,
         POLY: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, TREE: tl.constexpr = True,
         PAGED: tl.constexpr = 0, PREVIEW: tl.constexpr = False,
-        HEADS_FAST: tl.constexpr = False):
+        HEADS_FAST: tl.constexpr = False, BLOCK: tl.constexpr = 0, MODE: tl.constexpr = 0):
     if HEADS_FAST:  # a paged cache: the programs running together read whole token rows
         h = tl.program_id(0)
         pid = tl.program_id(1)
@@ -678,7 +932,7 @@ def lynx_compress_kernel(
     d0 = dt * BD
     xh = x_ptr + h * s_h
 
-    if ns > 0:  # page 0: the exact sink tokens, [H, ns, D] in the KV dtype
+    if (ns > 0) & (MODE != 2):  # page 0: the exact sink tokens, [H, ns, D] in the KV dtype
         s = tl.arange(0, BS)
         dd = d0 + tl.arange(0, BD)
         sm = (s < ns)[:, None] & (dd < D)[None, :]
@@ -689,7 +943,7 @@ def lynx_compress_kernel(
         # sinks are copied, not coded: flag NaN / Inf here (pass 1 covers the body)
         sink_bad = tl.sum(tl.where(sm & ~(tl.abs(xs.to(tl.float32)) < float("inf")), 1, 0))
         tl.atomic_max(flags_ptr + 2 * WHICH, flag, mask=sink_bad > 0)
-    if WHICH == 0:
+    if (WHICH == 0) & (MODE != 2):  # (MODE 2: the first launch wrote them)
         if (h == 0) & (dt == 0):  # alignment padding of this page's sections
             o = tl.arange(0, 32)
             zero = tl.zeros([32], dtype=tl.uint8)
@@ -711,95 +965,32 @@ def lynx_compress_kernel(
         prev = a8_ptr
     codes_off = section(row, F_CODES + WHICH, SEC)
     res_off = section(row, F_RES + WHICH, SEC)
-    # Pass 1 reads the strip in steps of [RS, 8] (row r: a group of 8 consecutive channels of
-    # one token; only the last axis is contiguous, so every Triton version lays it out alike:
-    # 8 values per thread, rows across lanes, then warps) and keeps element-wise min / max;
-    # pass 2 reads it again (L1 / L2 hits) to code it.
-    j = tl.arange(0, 8)
-    if not TOKEN_AXIS:
-        NC: tl.constexpr = BT // C
-        NIT: tl.constexpr = C // CS
-        RS: tl.constexpr = CS * NC * G
-        # r = (cs * NC + nc) * G + g: chunk token c = cs * NIT + k. Row r lives in thread
-        # r % (32 * num_warps), so where NC * G is the thread count (the launcher's choice of
-        # BD) a thread holds all CS tokens of its (chunk, group) and walks the chunk: the chunk
-        # reduction stays in registers and each chunk's statistics are computed once, not once
-        # per lane of a shuffle reduction.
-        r = tl.arange(0, RS)
-        tr0 = ((r // G) % NC) * C + (r // (G * NC)) * NIT
-        gr = d0 + (r % G) * 8
-    else:  # the rows of the codes pass (pass 1 then leaves gmin / gmax in its layout)
-        NCD: tl.constexpr = G // GC
-        GL: tl.constexpr = GC // GT
-        RS: tl.constexpr = TS * G
-        NIT: tl.constexpr = BT // TS
-        tr0, gr = _token_rows(tl.arange(0, RS), d0, TS, NCD, GT, GL)
-    cm = (gr[:, None] + j[None, :]) < D
-    xoff = (gr[:, None] + j[None, :]) * s_d
-    # The min / max propagate NaN (min.NaN / max.NaN, no extra instruction), so a channel's
-    # page min or max is not finite exactly when a value of it is NaN or Inf: the flag below
-    # costs one test per channel, not per value. Channels past head_dim load as NaN (no
-    # per-value select); their min / max are never flagged, stored or mixed with another
-    # channel's. On the GPU min / max stay in the KV dtype (exact; packed pairs for 16-bit
-    # floats, no conversion); the interpreter's bfloat16 maximum is wrong (Triton 3.9: -inf),
-    # so it takes float32.
-    xdt = tl.float32 if INTERPRET else x_ptr.dtype.element_ty
-    lo = tl.full([RS, 8], float("inf"), xdt)
-    hi = tl.full([RS, 8], float("-inf"), xdt)
-    for k in tl.static_range(NIT):
-        if not TOKEN_AXIS:
-            tr = tr0 + k
+    if MODE == 0:
+        _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr, r8_ptr, rw_ptr,
+               search_ptr, recip_ptr, flags_ptr, gamma, stats, prev, codes_off, res_off,
+               flag, h, H, D, d0, body0, tp, 0, 0, WHICH, TOKEN_AXIS, BT, G, C, CS, GC, TS,
+               GT, A_BITS, R_BITS, BIAS, ALPHA, SCALE, P0, EPS, MIDRANGE, A_WORDS, R_WORDS,
+               SMEM, EVEN_D, X_WORDS, EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW,
+               BLOCK, False)
+    else:
+        # a paged cache read in two launches: the pages whose rows are runs of BLOCK
+        # consecutive rows (MODE 1, two offsets per run), then the others (MODE 2, an offset
+        # per token): per-token code in the first launch's loops, even unexecuted, made them
+        # 45% slower (docs/benchmarks.md, 2026-11-26 third session)
+        q, runs, base = _block_phase(rows_ptr, body0, tp, s_t, BT, BLOCK, PAGED)
+        if MODE == 1:
+            if runs:
+                _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr,
+                       r8_ptr, rw_ptr, search_ptr, recip_ptr, flags_ptr, gamma, stats, prev,
+                       codes_off, res_off, flag, h, H, D, d0, body0, tp, q, base, WHICH,
+                       TOKEN_AXIS, BT, G, C, CS, GC, TS, GT, A_BITS, R_BITS, BIAS, ALPHA,
+                       SCALE, P0, EPS, MIDRANGE, A_WORDS, R_WORDS, SMEM, EVEN_D, X_WORDS,
+                       EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW, BLOCK, True)
         else:
-            tr = tr0 + k * TS
-        xk = _load_rows(xh, s_t, rows_ptr, body0, tr, tp, xoff, cm, float("nan"), EVEN_D,
-                        "evict_last" if EVICT else "", PAGED).to(xdt)
-        lo = pmin(lo, xk)
-        hi = pmax(hi, xk)
-    lo = lo.to(tl.float32)
-    hi = hi.to(tl.float32)
-    if not TOKEN_AXIS:  # chunk min / max [NC, G, 8], then over the chunks
-        lo, hi = tl.reduce((tl.reshape(lo, [CS, NC, G, 8]), tl.reshape(hi, [CS, NC, G, 8])), 0,
-                           minmax_nan_combine)
-        gmin, gmax = tl.reduce((lo, hi), 0, minmax_nan_combine)  # [G, 8]
-    else:  # [GT, NCD, GL, 8]
-        gmin, gmax = tl.reduce((tl.reshape(lo, [GT, TS, NCD, GL, 8]),
-                                tl.reshape(hi, [GT, TS, NCD, GL, 8])), 1, minmax_nan_combine)
-    y = _recip_or_zero(gmax - gmin)  # xn = RN(RN(x - gmin) * y), as lynx_ref
-    # the search table: in registers (-> shared memory for tl.gather) if SMEM, else global (L1)
-    if SMEM:
-        tab = tl.load(search_ptr + tl.arange(0, SEARCH_LEN))
-    else:
-        tab = search_ptr
-    if not TOKEN_AXIS:
-        _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
-                       prev, ptab_ptr, recip_ptr,
-                       codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
-                       SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
-                       MIDRANGE, TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "",
-                       PACK_ASM, POLY, C1, C2, PAGED, PREVIEW)
-    else:
-        _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats, prev,
-                     ptab_ptr, recip_ptr, codes_off,
-                     res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA, SCALE, P0,
-                     EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, MIDRANGE,
-                     TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "", PACK_ASM,
-                     POLY, C1, C2, PAGED, PREVIEW)
-    gdt = akv_ptr.dtype.element_ty
-    if not TOKEN_AXIS:
-        dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]
-    else:  # gmin's [GT, NCD, GL, 8]: group ncd * GC + gt * GL + gl
-        gt = tl.arange(0, GT)[:, None, None, None]
-        nd = tl.arange(0, NCD)[None, :, None, None]
-        gl = tl.arange(0, GL)[None, None, :, None]
-        dg = d0 + ((nd * GC + gt * GL + gl) * 8 + j[None, None, None, :])
-    gmask = dg < tl.minimum(tp, 1) * D  # no gamma for a page without body tokens
-    tl.store(gamma + h * D + dg, gmin.to(gdt), mask=gmask)
-    tl.store(gamma + H * D + h * D + dg, gmax.to(gdt), mask=gmask)
-    # Input no page can carry (lynx_ref.quantize refuses it): a channel with NaN / Inf (its
-    # min or max not finite), or whose range overflows float32. One reduction per program.
-    fin = (tl.abs(gmin) < float("inf")) & (tl.abs(gmax) < float("inf"))
-    bad = tl.sum(tl.where((dg < D) & ~fin, 65536, 0)
-                 + tl.where((dg < D) & fin & ~(gmax - gmin < float("inf")), 1, 0))
-    tl.atomic_max(flags_ptr + 2 * WHICH, flag, mask=bad >= 65536)
-    tl.atomic_max(flags_ptr + 2 * WHICH + 1, flag, mask=(bad & 65535) > 0)
-
+            if not runs:
+                _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr,
+                       r8_ptr, rw_ptr, search_ptr, recip_ptr, flags_ptr, gamma, stats, prev,
+                       codes_off, res_off, flag, h, H, D, d0, body0, tp, 0, 0, WHICH,
+                       TOKEN_AXIS, BT, G, C, CS, GC, TS, GT, A_BITS, R_BITS, BIAS, ALPHA,
+                       SCALE, P0, EPS, MIDRANGE, A_WORDS, R_WORDS, SMEM, EVEN_D, X_WORDS,
+                       EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW, BLOCK, False)
