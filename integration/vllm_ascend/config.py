@@ -174,7 +174,7 @@ class LynxConnectorConfig:
     # the codecs' page scalars and sink tokens are stored in the KV dtype.
     wire_dtype: str | None = None
     # tcp: TCP connections to each decode receiver (one reader thread each on the decode side;
-    # on the H100's host two moved 27.7 Gbit/s against 20.3 for one: docs/benchmarks.md)
+    # on the H100's host two moved 25.0 Gbit/s against 20.7 for one: docs/benchmarks.md)
     num_connections: int = 1
     # consumer
     host: str = "127.0.0.1"            # receiver listen address (loopback unless configured)

@@ -35,8 +35,9 @@ of one layer and stream: its payload starts with a page table of n + 1 entries (
 u32 nbytes), one per page in order, then the pages' bytes back to back. Page i covers
 [previous token_end (token_start for the first), its token_end); the last token_end is the
 header's. ``frame_pages`` splits such a frame and checks its table. One frame per page costs
-the receiver its per-frame work once per page: on the H100's host, 1.2 MB frames moved 21-29
-Gbit/s on one connection where 315 KB frames moved 14-20 (docs/benchmarks.md).
+the receiver its per-frame work once per page: on the H100's host 1 MiB frames moved a
+median 25.0 Gbit/s on two connections where 315 KB one-page frames moved 15.7
+(docs/benchmarks.md).
 
 Version 4 (from 3): the header's reserved ``flags`` became ``extra_pages`` (multi-page data
 frames; v3 frames always carried one page, and flags were 0).
