@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int_in(1, 4096), default=SMOLLM2["head_dim"])
     parser.add_argument("--connections", type=int_in(1, 16), default=1,
                         help="TCP connections, in [1, 16] (the receiver's max_connections)")
+    parser.add_argument("--frame-bytes", type=int_in(1, 1 << 30), default=1 << 20,
+                        help="bytes of pages per frame (SenderConfig.frame_bytes, default 1 MiB; "
+                             "1: one page a frame)")
     parser.add_argument("--encode-inline", action="store_true",
                         help="compress during the transfer (pipelined) instead of before it")
     parser.add_argument("--dequantize", action="store_true",
@@ -136,7 +139,7 @@ def _sender_main(port: int, opts: dict, out) -> None:
     _one_torch_thread()
     try:
         cfg = SenderConfig(port=port, gbps=opts["gbps"], num_connections=opts["connections"],
-                           deadline_s=opts["timeout"])
+                           deadline_s=opts["timeout"], frame_bytes=opts["frame_bytes"])
         with Sender(cfg) as sender:
             # Warm-up (untimed, unreported): the first megabytes through a fresh connection
             # and a fresh receiver heap run slower (buffer growth, page faults).
@@ -241,7 +244,8 @@ def run(args: argparse.Namespace) -> int:
     codecs = [c.strip() for c in args.codec.split(",")]  # checked by its argparse type
     opts = {"gbps": args.gbps, "tokens": args.tokens, "codecs": codecs, "layers": args.layers,
             "kv_heads": args.kv_heads, "head_dim": args.head_dim,
-            "connections": args.connections, "encode_inline": args.encode_inline,
+            "connections": args.connections, "frame_bytes": args.frame_bytes,
+            "encode_inline": args.encode_inline,
             "dequantize": args.dequantize, "seed": args.seed, "timeout": args.timeout}
     _log(f"{args.layers} layers x {args.kv_heads} KV heads x {args.head_dim} dims x "
          f"{args.tokens} tokens, bf16, {args.gbps} Gbps, codecs {codecs}"

@@ -10,7 +10,7 @@ def test_bench_transfer_writes_the_documented_json(tmp_path, capsys):
     out, png = tmp_path / "t.json", tmp_path / "t.png"
     rc = main(["bench", "transfer", "--gbps", "0.5", "--tokens", "300", "--layers", "2",
                "--codec", "int8,lynx", "--json", str(out), "--plot", str(png),
-               "--timeout", "60"])
+               "--timeout", "60", "--frame-bytes", "4096"])
     assert rc == 0
     report = json.loads(out.read_text())
     assert set(report) == {"gbps", "tokens", "results"}
