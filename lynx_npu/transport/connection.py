@@ -35,6 +35,8 @@ import termios
 import threading
 import time
 
+import numpy as np
+
 from ..wire import (NONCE_BYTES, Compat, Frame, Kind, TruncatedFrameError,
                     UnsupportedVersionError, WireLimits, encode_frame, read_frame)
 from .errors import AuthenticationError, IncompatiblePeerError, RemoteError
@@ -46,8 +48,16 @@ log = logging.getLogger(__name__)
 _FIRST_CHUNK = 64 << 10  # a read's first allocation; it then at most doubles what arrived
 
 
+def _unfilled(size: int) -> memoryview:
+    """``size`` writable bytes, not zeroed: the reader fills them before anything reads them
+    (and drops them if the peer does not). Zero-filling each ~1 MiB payload took 12% of the
+    H100 host's reader threads (py-spy, docs/benchmarks.md 2026-11-26 third session)."""
+    return memoryview(np.empty(size, dtype=np.uint8))
+
+
 class SocketReader:
-    """``read_exact`` for read_frame: returns a fresh buffer of exactly n bytes, grown as the
+    """``read_exact`` for read_frame: returns a fresh buffer of exactly n bytes (past 64 KiB a
+    memoryview of unzeroed memory, every byte of it read from the peer), grown as the
     bytes arrive (at most twice what arrived, read or waiting in the kernel, and at least 64
     KiB), so a header that announces a large payload allocates nothing until
     the payload comes, and a payload already in the kernel's buffer is allocated once (growing
@@ -76,12 +86,14 @@ class SocketReader:
         arrived = got + self._queued()
         return min(n, max(_FIRST_CHUNK, 2 * got, arrived + min(self._buffer_bytes, arrived)))
 
-    def __call__(self, n: int) -> bytearray:
-        buf, got = bytearray(self._size(n, 0) if n > _FIRST_CHUNK else n), 0
+    def __call__(self, n: int) -> bytearray | memoryview:
+        buf, got = (bytearray(n) if n <= _FIRST_CHUNK else _unfilled(self._size(n, 0))), 0
         try:
             while got < n:
                 if got == len(buf):  # full: grow by what arrived, never to what was announced
-                    buf.extend(bytes(self._size(n, got) - got))
+                    grown = _unfilled(self._size(n, got))
+                    grown[:got] = buf
+                    buf = grown
                 self.pending_bytes = len(buf)
                 with memoryview(buf) as view:
                     r = self._read_into(view[got:])
