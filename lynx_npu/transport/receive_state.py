@@ -20,6 +20,7 @@ when all are at level 2 (one-stream codecs reach 2 directly and set both).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -180,16 +181,22 @@ class ReceiveHandle:
         slot[0 if kind == Kind.ANCHOR else 1] = part.payload
         if kind == Kind.RESIDUAL:
             self._residual_tokens += end - start
-        if slot[0] is None:
-            return []  # the residual waits for its anchor
         if not self._two_stream:
             del self._stored[(layer, page)]
-        job = PageJob(self, layer, page, start, end, slot[0], slot[1])
-        if not (defer_residual and kind == Kind.RESIDUAL):
-            return [job]
-        self._held.append(job)
+        job = None if slot[0] is None else PageJob(self, layer, page, start, end, *slot)
+        if job is not None and (not defer_residual or job.residual is None):
+            return [job]  # an anchor alone, or a full page applied as it comes
+        if not defer_residual:
+            return []  # a residual ahead of its anchor waits for it
+        # Full pages wait for the last residual frame. The streams may arrive reordered (two
+        # connections, Mooncake, LMCache), so whichever frame completes the count releases
+        # them, and a page whose anchor comes after that goes at once; an anchor that finds
+        # its residual in before then is decoded at anchor precision meanwhile.
+        if job is not None:
+            self._held.append(job)
         if self._residual_tokens < self.num_layers * self.num_tokens:
-            return []
+            early = job is not None and kind == Kind.ANCHOR
+            return [dataclasses.replace(job, residual=None)] if early else []
         held, self._held = self._held, []
         return held
 

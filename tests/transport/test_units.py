@@ -148,6 +148,46 @@ def test_deferred_residual_pages_are_released_together():
     assert _admit(h, _frame(Kind.RESIDUAL, 1, 1, 10, 20), defer_residual=True) is False
 
 
+@pytest.mark.parametrize("late_anchor", [0, 1, 3])
+def test_deferred_residual_pages_release_whatever_page_comes_last(late_anchor):
+    """defer_residual with the streams reordered (two connections; Mooncake and LMCache
+    guarantee no order): a residual that arrives ahead of its anchor still counts, and the
+    held pages are released by whichever frame completes the last page, anchor or residual.
+    (The last residual ahead of its anchor once left every held page waiting for ever.)"""
+    h = ReceiveHandle(1, deadline=1e18)
+    pages = [(layer, page, page * 10, page * 10 + 10) for layer in (0, 1) for page in (0, 1)]
+    late = pages[late_anchor]
+    decoded = []
+    for layer, page, s, e in pages:
+        if (layer, page, s, e) != late:
+            decoded += _admit(h, _frame(Kind.ANCHOR, layer, page, s, e), defer_residual=True)
+    assert all(j.residual is None for j in decoded) and len(decoded) == 3
+    for i, (layer, page, s, e) in enumerate(pages):  # the late page's ahead of its anchor
+        jobs = _admit(h, _frame(Kind.RESIDUAL, layer, page, s, e), defer_residual=True)
+        assert jobs == [] if i < len(pages) - 1 else jobs
+    assert sorted((j.layer, j.page) for j in jobs) == sorted(p[:2] for p in pages if p != late)
+    job, = _admit(h, _frame(Kind.ANCHOR, *late), defer_residual=True)
+    assert (job.layer, job.page) == late[:2]
+    assert all(j.residual is not None for j in [*jobs, job])
+
+
+def test_deferred_residual_anchor_after_its_residual_decodes_at_anchor_level_first():
+    """An anchor that finds its residual in while other residual frames are still to come
+    is decoded at once at anchor precision; its full page waits with the rest."""
+    h = ReceiveHandle(1, deadline=1e18)
+    assert _admit(h, _frame(Kind.RESIDUAL, 0, 0, 0, 10), defer_residual=True) == []
+    job, = _admit(h, _frame(Kind.ANCHOR, 0, 0, 0, 10), defer_residual=True)
+    assert job.residual is None
+    assert [j.residual is None for j in _admit(h, _frame(Kind.ANCHOR, 0, 1, 10, 20),
+                                               defer_residual=True)] == [True]
+    for layer in (1,):
+        for page, s in ((0, 0), (1, 10)):
+            _admit(h, _frame(Kind.ANCHOR, layer, page, s, s + 10), defer_residual=True)
+            _admit(h, _frame(Kind.RESIDUAL, layer, page, s, s + 10), defer_residual=True)
+    jobs = _admit(h, _frame(Kind.RESIDUAL, 0, 1, 10, 20), defer_residual=True)
+    assert sorted((j.layer, j.page) for j in jobs) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
 def test_receive_state_levels_only_rise_and_events_fire():
     """Without dequantization: anchor_ready when every token has its anchor, residual_ready
     when every token has both."""
