@@ -230,12 +230,12 @@ def _heads_fast(paged: bool, num_programs: int) -> bool:
 
 
 # A paged cache's pages whose rows are runs of a block's consecutive rows read from two offsets
-# per run (lynx_compress.py ``_run_rows`` / ``_win_rows``, launch MODE 1) and the others per
-# token (MODE 2). Off until the two launches are timed together on the H100: the runs path
-# alone measured 1.76 ms against 1.98 (74.9% of copy) on a request of full pages, but with
-# the per-token code in the same launch 2.87 ms (docs/benchmarks.md, 2026-11-26 third
-# session). TUNING["compress"]["ROW_BLOCKS"] (True / False, or per "k" / "v") overrides.
-PAGED_RUNS = False
+# per run (lynx_compress.py ``_run_rows`` / ``_win_rows``, launch MODE 1, which lists the other
+# pages) and the listed pages per token (MODE 2). On the H100's data path: 1.85 ms against
+# 1.96 (71.3% of copy against 67.3%, medians of 3 alternated rounds, exact;
+# docs/benchmarks.md, 2026-11-26 fourth session). TUNING["compress"]["ROW_BLOCKS"] (True /
+# False, or per "k" / "v") overrides.
+PAGED_RUNS = True
 
 
 def _row_block(x: torch.Tensor, blk: dict, which: str = "k") -> int:
@@ -315,12 +315,15 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
             grid = (plan.num_kv_heads, programs) if heads_fast else (programs, plan.num_kv_heads)
             block = (_row_block(x, blk, which) if rows is not None and cfg.center == "midrange"
                      else 0)
-            for mode in ((1, 2) if block else (0,)):  # runs of rows, then the other pages
+            # runs of rows, then the pages the first launch listed (counted from zero)
+            work = torch.zeros(1 + plan.num_pages, dtype=torch.int32, device=dev) \
+                if block else dummy
+            for mode in ((1, 2) if block else (0,)):
                 lynx_compress_kernel[grid](
                     x, *x.stride(), rows[wi] if rows is not None else dummy,
                     previews[0] if previews is not None else dummy,
                     previews[1] if previews is not None else a8, a8, akv, a16, aw, res_arg, rw,
-                    table, search_entries[wi], recip_table(dev), flags,
+                    table, search_entries[wi], recip_table(dev), flags, work,
                     plan.num_kv_heads, plan.head_dim, blk["num_dt"],
                     plan.num_pages * plan.num_kv_heads,
                     WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],

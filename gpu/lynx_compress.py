@@ -22,12 +22,13 @@ The strip is held as [..., G, 8]: a thread owns groups of 8 consecutive channels
   GL = GC / GT neighbouring lanes (``_token_rows``).
 
 A paged cache (PAGED: the launcher's row offsets, the gather fused into the loads) is read in
-two launches when the launcher names a block size (launch.py ``PAGED_RUNS``, off by default):
+two launches when the launcher names a block size (launch.py ``PAGED_RUNS``, on by default):
 MODE 1 codes the pages whose offsets are runs of a block's consecutive rows (``_block_phase``,
 checked per program), each thread's rows computed from two offsets per run loaded once
 (``_run_rows``, channel axis) or two scalars per step (``_win_rows``, token axis), with no
-offset load and no shared-memory conversion in the loops; MODE 2 the other pages, an offset
-per token. Per-token code inside MODE 1's loops, even where never executed, made them slower.
+offset load and no shared-memory conversion in the loops, and lists the other pages; MODE 2
+codes the listed pages, an offset per token (its other programs return after one load: a
+re-check of every page there cost about a tenth of the request). Per-token code inside MODE 1's loops, even where never executed, made them slower.
 
 Rows past the page body read its last token (``_load_rows``): no masks on full pages. Pass 2
 loads each step's rows one step ahead (bfloat16 as int32 words of two channels), in a loop
@@ -901,6 +902,8 @@ def lynx_compress_kernel(
         search_ptr,                      # this stream's LogSearch entries (ops/tables.py)
         recip_ptr,                       # float32 [1024]: RN(1 / 1.m) (ops/tables.py)
         flags_ptr,                       # int32 [2, 2]: bad input found (ops/value_flags.py)
+        work_ptr,                        # MODE 1 / 2: int32 [1 + num_pages], zeroed: the
+                                         # count, then the pages MODE 1 left to MODE 2
         H, D, NUM_DT, NUM_PH,            # NUM_PH = num_pages * H (the flags' codes)
         WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
         C: tl.constexpr, CS: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
@@ -922,6 +925,10 @@ def lynx_compress_kernel(
         h = tl.program_id(1)
     dt = pid % NUM_DT  # channel strips vary fastest: neighbours share input rows
     page = pid // NUM_DT
+    if MODE == 2:  # the grid of every page; the first count * NUM_DT take MODE 1's list
+        if page >= tl.load(work_ptr):
+            return
+        page = tl.load(work_ptr + 1 + page)
     flag = NUM_PH - (page * H + h)  # > 0; the largest is the first (page, head) flagged
     row = plan_ptr + page * NF
     token0 = tl.load(row + F_TOKEN0).to(tl.int32)  # token counts fit int32; byte offsets stay int64
@@ -977,8 +984,8 @@ def lynx_compress_kernel(
         # consecutive rows (MODE 1, two offsets per run), then the others (MODE 2, an offset
         # per token): per-token code in the first launch's loops, even unexecuted, made them
         # 45% slower (docs/benchmarks.md, 2026-11-26 third session)
-        q, runs, base = _block_phase(rows_ptr, body0, tp, s_t, BT, BLOCK, PAGED)
         if MODE == 1:
+            q, runs, base = _block_phase(rows_ptr, body0, tp, s_t, BT, BLOCK, PAGED)
             if runs:
                 _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr,
                        r8_ptr, rw_ptr, search_ptr, recip_ptr, flags_ptr, gamma, stats, prev,
@@ -986,11 +993,12 @@ def lynx_compress_kernel(
                        TOKEN_AXIS, BT, G, C, CS, GC, TS, GT, A_BITS, R_BITS, BIAS, ALPHA,
                        SCALE, P0, EPS, MIDRANGE, A_WORDS, R_WORDS, SMEM, EVEN_D, X_WORDS,
                        EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW, BLOCK, True)
+            elif (h == 0) & (dt == 0):  # listed once for MODE 2 (no program re-checks it)
+                tl.store(work_ptr + 1 + tl.atomic_add(work_ptr, 1), page)
         else:
-            if not runs:
-                _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr,
-                       r8_ptr, rw_ptr, search_ptr, recip_ptr, flags_ptr, gamma, stats, prev,
-                       codes_off, res_off, flag, h, H, D, d0, body0, tp, 0, 0, WHICH,
-                       TOKEN_AXIS, BT, G, C, CS, GC, TS, GT, A_BITS, R_BITS, BIAS, ALPHA,
-                       SCALE, P0, EPS, MIDRANGE, A_WORDS, R_WORDS, SMEM, EVEN_D, X_WORDS,
-                       EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW, BLOCK, False)
+            _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr,
+                   r8_ptr, rw_ptr, search_ptr, recip_ptr, flags_ptr, gamma, stats, prev,
+                   codes_off, res_off, flag, h, H, D, d0, body0, tp, 0, 0, WHICH,
+                   TOKEN_AXIS, BT, G, C, CS, GC, TS, GT, A_BITS, R_BITS, BIAS, ALPHA,
+                   SCALE, P0, EPS, MIDRANGE, A_WORDS, R_WORDS, SMEM, EVEN_D, X_WORDS,
+                   EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW, BLOCK, False)

@@ -101,9 +101,20 @@ def _run_slots(kind: str, t: int = 300, bs: int = 16):
 
 @pytest.fixture
 def runs(monkeypatch):
-    """The paged compress with runs of rows on (launch.py ``PAGED_RUNS``, off by default)."""
+    """The paged compress with runs of rows on (launch.py ``PAGED_RUNS``, the default),
+    whatever the default."""
     from lynx_npu.gpu import launch
     monkeypatch.setitem(launch.TUNING["compress"], "ROW_BLOCKS", True)
+
+
+@pytest.mark.parametrize("kind", ["blocks", "swapped"])
+def test_paged_compress_per_token_when_runs_are_off(monkeypatch, kind):
+    """``ROW_BLOCKS`` False: one launch reads every row per token (MODE 0), the same bytes."""
+    from lynx_npu.gpu import launch
+    monkeypatch.setitem(launch.TUNING["compress"], "ROW_BLOCKS", False)
+    slots, bs = _run_slots(kind)
+    assert check_encode_slots("lynx", "vllm_flash_nhd", slots, DEVICE, "triton", block_size=bs,
+                              **RUNS) == "triton"
 
 
 @pytest.mark.parametrize("kind", ["blocks", "entered", "tokens", "swapped", "block8", "block32"])
