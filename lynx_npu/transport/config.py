@@ -44,11 +44,12 @@ class SenderConfig:
     early_s: float = 0.0005              # a write may leave this much before its time:
                                          # one sleep per ~ms instead of one per chunk
     chunk_bytes: int = 256 << 10         # rate-limited writes are at most this large
-    frame_bytes: int = 1 << 20           # a data frame carries consecutive pages of one layer
+    frame_bytes: int = 4 << 20           # a data frame carries consecutive pages of one layer
                                          # and stream up to this many bytes (always at least
-                                         # one page): the receiver's work is per frame. On a
-                                         # slow link a new request's anchor can overtake
-                                         # residual bytes only between frames
+                                         # one page): the receiver's work is per frame
+    frame_s: float = 0.005               # paced (gbps set): a frame also carries at most this
+                                         # much link time, since a new request's anchor can
+                                         # overtake residual bytes only between frames
     deadline_s: float = 60.0             # a request not fully acknowledged by then fails
     retransmit_s: float = 5.0            # resend a frame unacknowledged for this long
     connect_timeout_s: float = 5.0       # TCP connect, and then the whole handshake
@@ -76,7 +77,7 @@ class SenderConfig:
             raise ValueError(f"{self.handshake_attempts=} must be an int in [1, 100]")
         _positive("gbps", self.gbps, allow_none=True)
         for name in ("deadline_s", "retransmit_s", "connect_timeout_s", "reconnect_backoff_s",
-                     "burst_s", "early_s"):
+                     "burst_s", "early_s", "frame_s"):
             _positive(name, getattr(self, name))
         if self.send_buffer_bytes is not None and (
                 not isinstance(self.send_buffer_bytes, int) or self.send_buffer_bytes < 4096):
@@ -85,6 +86,14 @@ class SenderConfig:
             raise ValueError(f"{self.chunk_bytes=} must be an int >= 1024")
         if type(self.frame_bytes) is not int or self.frame_bytes < 1:
             raise ValueError(f"{self.frame_bytes=} must be a positive int (1: one page a frame)")
+
+    @property
+    def frame_limit(self) -> int:
+        """Bytes of pages a frame may carry: ``frame_bytes``, and ``frame_s`` of a paced
+        link's time (a frame still takes at least one page)."""
+        if self.gbps is None:
+            return self.frame_bytes
+        return max(1, min(self.frame_bytes, int(self.gbps * 1e9 / 8 * self.frame_s)))
 
     @property
     def burst_bytes(self) -> int:

@@ -478,8 +478,8 @@ class Sender(KVSender):
 
     def _frame_groups(self, stream, limits):
         """Consecutive pages of one stream (by index and tokens) in frames of at most
-        ``frame_bytes`` (and of the receiver's max_payload_bytes), each at least one page."""
-        cap = self.config.frame_bytes
+        ``frame_limit`` bytes (and the receiver's max_payload_bytes), each at least one page."""
+        cap = self.config.frame_limit
         if limits:
             cap = min(cap, limits.max_payload_bytes)
         group, size = [], 0

@@ -42,6 +42,18 @@ def test_pages_travel_in_frames_of_up_to_frame_bytes(frame_bytes, frames_per_str
         assert sum(n for *_, n in handle.arrivals) == sent.total_bytes
 
 
+def test_a_paced_link_caps_frames_by_link_time():
+    """gbps set: frames carry at most ``frame_s`` of link time (1 KB at 0.008 Gbps and 1 ms:
+    one page each, pages being larger), whatever ``frame_bytes`` allows."""
+    codec, layers = small_codec("lynx"), make_layers(num_layers=1, num_tokens=197)
+    kw = {"frame_bytes": 1 << 20, "gbps": 0.008, "frame_s": 0.001}
+    with pair(sender_kw=kw) as (receiver, sender, _):
+        assert sender.config.frame_limit == 1000
+        sent = sender.send(13, codec, layers)
+        assert receiver.request(13).wait(WAIT) and sent.wait(WAIT)
+        assert sent.num_frames == sent.num_pages == 2 * 4
+
+
 def test_anchor_stage_then_refinement_through_on_page():
     codec, layers = small_codec("lynx"), make_layers(num_layers=2, num_tokens=300)
     calls = []

@@ -210,6 +210,8 @@ def test_configs_name_the_bad_value():
         SenderConfig(port=1, gbps=-1)
     with pytest.raises(ValueError, match="num_connections"):
         SenderConfig(port=1, num_connections=0)
+    with pytest.raises(ValueError, match="frame_s"):
+        SenderConfig(port=1, frame_s=0)
     with pytest.raises(ValueError, match="deadline_s"):
         ReceiverConfig(deadline_s=float("inf"))
     with pytest.raises(ValueError, match="max_requests"):
