@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connections", type=int_in(1, 16), default=4, help="TCP connections")
     parser.add_argument("--frame-bytes", type=int_in(1, 1 << 30), default=None,
                         help="bytes of pages per frame (SenderConfig.frame_bytes; default its "
-                             "default, 1 MiB; 1: one page a frame, frame format 3's way)")
+                             "default, 4 MiB; 1: one page a frame, frame format 3's way)")
     parser.add_argument("--decode-threads", type=int_in(1, 64), default=1,
                         help="the receiver's page workers (ReceiverConfig.num_decode_threads, "
                              "the connector's num_decode_threads; default 1, as there): each "

@@ -59,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int_in(1, 4096), default=SMOLLM2["head_dim"])
     parser.add_argument("--connections", type=int_in(1, 16), default=1,
                         help="TCP connections, in [1, 16] (the receiver's max_connections)")
-    parser.add_argument("--frame-bytes", type=int_in(1, 1 << 30), default=1 << 20,
-                        help="bytes of pages per frame (SenderConfig.frame_bytes, default 1 MiB; "
+    parser.add_argument("--frame-bytes", type=int_in(1, 1 << 30), default=4 << 20,
+                        help="bytes of pages per frame (SenderConfig.frame_bytes, default 4 MiB; "
                              "1: one page a frame)")
     parser.add_argument("--encode-inline", action="store_true",
                         help="compress during the transfer (pipelined) instead of before it")
