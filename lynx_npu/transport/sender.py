@@ -433,7 +433,7 @@ class Sender(KVSender):
             stream = [(page, memoryview(data).cast("B")) for page in pages  # host bytes
                       for data in (page.anchor if kind == Kind.ANCHOR else page.residual,)
                       if data is not None]
-            for group in self._frame_groups(stream, limits):
+            for group in self._frame_groups(stream, limits, meta):
                 first, last = group[0][0], group[-1][0]
                 views = [view for _, view in group]
                 if len(group) > 1:
@@ -476,9 +476,10 @@ class Sender(KVSender):
         for f in out:
             self.queue.push(Kind(f.key[1]), f.key, f)
 
-    def _frame_groups(self, stream, limits):
+    def _frame_groups(self, stream, limits, meta):
         """Consecutive pages of one stream (by index and tokens) in frames of at most
-        ``frame_limit`` bytes (and the receiver's max_payload_bytes), each at least one page."""
+        ``frame_limit`` bytes and within what the receiver accepts of a frame of their tokens
+        (max_payload_bytes, the shape bound), each at least one page."""
         cap = self.config.frame_limit
         if limits:
             cap = min(cap, limits.max_payload_bytes)
@@ -487,7 +488,10 @@ class Sender(KVSender):
             grown = size + view.nbytes + table_nbytes(len(group))
             prev = group[-1][0] if group else None
             if group and (grown > cap or page.index != prev.index + 1
-                          or page.token_start != prev.token_end):
+                          or page.token_start != prev.token_end
+                          or limits and limits.page_refusal(
+                              page.token_end - group[0][0].token_start, meta["num_kv_heads"],
+                              meta["head_dim"], size + view.nbytes)):
                 yield group
                 group, size = [], 0
             group.append((page, view))

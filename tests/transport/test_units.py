@@ -217,3 +217,26 @@ def test_configs_name_the_bad_value():
     with pytest.raises(ValueError, match="max_requests"):
         ReceiverConfig(max_requests=0)
     assert "xxxx" not in repr(SenderConfig(port=1, secret=b"x" * 16))  # never logged
+
+
+def test_frames_stay_within_the_receivers_bound_for_their_tokens():
+    """A frame's pages together stay within what the receiver accepts of a payload of their
+    tokens (wire.max_data_payload: float32 K and V plus 64 KiB once), so pages that each pass
+    are never grouped into a frame the receiver would refuse."""
+    from types import SimpleNamespace
+
+    from lynx_npu.transport.sender import Sender
+    from lynx_npu.wire import ReceiveLimits, max_data_payload
+    from lynx_npu.wire.limits import DEFAULT_LIMITS
+
+    limits = ReceiveLimits.of(DEFAULT_LIMITS, 1 << 40)
+    meta = {"num_kv_heads": 1, "head_dim": 1}
+    n = 40_000  # one token's page: under its bound (65544), two of them over theirs (65552)
+    assert n < max_data_payload(1, 1, 1) and 2 * n > max_data_payload(2, 1, 1)
+    stream = [(SimpleNamespace(index=i, token_start=i, token_end=i + 1), memoryview(bytes(n)))
+              for i in range(3)]
+    sender = SimpleNamespace(config=SenderConfig(port=1))
+    groups = list(Sender._frame_groups(sender, stream, limits, meta))
+    assert [len(g) for g in groups] == [1, 1, 1]
+    small = [(p, v[:1000]) for p, v in stream]  # far under: one frame
+    assert [len(g) for g in Sender._frame_groups(sender, small, limits, meta)] == [3]
