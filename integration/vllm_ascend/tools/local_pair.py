@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import socket
 import time
 from dataclasses import dataclass, field
@@ -30,8 +31,33 @@ def configure_cpu_threads() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+_MIN_PORT = 20000  # free_port picks from [_MIN_PORT, the ephemeral range)
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
+    """The first of ``count`` consecutive ports free now, below the ephemeral range: vLLM's
+    engines take their own ports with bind(0), i.e. from that range, between our pick and our
+    receiver's bind, so a port picked there can be handed to one, which then holds it only
+    while it lives (the likely cause of a CI run's decode engine failing to start, with the
+    port free again by the time ``port_taken`` looked)."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(256):
+        if low - count <= _MIN_PORT:
+            break
+        base = rng.randrange(_MIN_PORT, low - count)
+        if not any(port_taken(port, host) for port in range(base, base + count)):
+            return base
+    with socket.socket() as s:  # no room below the range: any free port
         s.bind((host, 0))
         return s.getsockname()[1]
 
@@ -124,7 +150,7 @@ class LocalPair:
         from vllm import LLM  # imported here: vLLM is optional for the rest of lynx_npu
 
         self.config, self.log = config, log
-        self.port = free_port()
+        self.port = free_port(count=config.tensor_parallel_size)
         self._tmp_dir = None
         lmcache_dir = config.lmcache_dir
         if config.transport == "lmcache" and lmcache_dir is None:
@@ -155,7 +181,7 @@ class LocalPair:
                     raise
                 log(f"[lynx] 127.0.0.1:{self.port} was taken before the receiver bound it; "
                     f"retrying on another port")
-                self.port = free_port()
+                self.port = free_port(count=config.tensor_parallel_size)
         log(f"[lynx] starting the prefill instance (link {config.gbps} Gbps over "
             f"{config.transport}) ...")
         self.prefill = LLM(**prefill_engine_args(config.model, peer=f"127.0.0.1:{self.port}",
