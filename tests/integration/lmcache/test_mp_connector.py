@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 import torch
 
-from .conftest import lmcache_or_skip
+from .conftest import lmcache_or_skip, no_leaked_kv_segments
 
 pytestmark = pytest.mark.slow
 
@@ -109,9 +109,10 @@ def run(model, prompt, tmp_path_factory):
     env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "LMCACHE_DISABLE_BANNER": "1"}
     t0 = time.monotonic()
-    p = subprocess.run(["flock", "/tmp/vllm.lock", sys.executable, str(DRIVER),
-                        str(tmp / "spec.json"), str(tmp / "out.json")],
-                       capture_output=True, text=True, env=env, timeout=900)
+    with no_leaked_kv_segments():
+        p = subprocess.run(["flock", "/tmp/vllm.lock", sys.executable, str(DRIVER),
+                            str(tmp / "spec.json"), str(tmp / "out.json")],
+                           capture_output=True, text=True, env=env, timeout=900)
     wall = time.monotonic() - t0
     vllm_log = (logs / "vllm.log").read_text(errors="replace") if (logs / "vllm.log").is_file() \
         else ""
