@@ -48,3 +48,8 @@ def test_summary_json_and_reference():
     assert "lynx" in demo_report.table(results)
     assert any("identical" in line for line in demo_report.targets(results))
     assert any("per verification: 5.0" in line for line in demo_report.targets(results))
+    # the project's targets (issues 15, 19), judged on the medians; no int8 run: none against it
+    ratio = by["lynx"].ttft_s / by["int4"].ttft_s
+    line, = [x for x in demo_report.targets(results) if x.startswith("lynx TTFT / int4")]
+    assert "(target <= 1.05)" in line and line.endswith("met" if ratio <= 1.05 else "MISSED")
+    assert not any("/ int8" in x for x in demo_report.targets(results))
