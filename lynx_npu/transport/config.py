@@ -128,6 +128,11 @@ class ReceiverConfig:
     handshake_timeout_s: float = 5.0     # the whole handshake, however slowly bytes come
     idle_timeout_s: float = 60.0         # a connection silent this long is closed (an idle
                                          # sender reconnects when it next has frames)
+    ack_delay_s: float = 0.02            # an ACK waits up to this long for the frames behind
+                                         # it (or for a full batch): on a paced link every frame
+                                         # arrives alone, and a send per frame made the decode
+                                         # process's model thread wait for the GIL (lynx demo:
+                                         # the first token ~10 ms later). 0: one send per frame
     limits: WireLimits = DEFAULT_LIMITS
     secret: bytes | None = field(default=None, repr=False)
     # The codecs (lynx_npu.get_codec(...), every parameter counts) this receiver accepts: a
@@ -141,6 +146,10 @@ class ReceiverConfig:
             raise ValueError(f"{self.port=} must be a TCP port in [0, 65535]")
         for name in ("deadline_s", "handshake_timeout_s", "idle_timeout_s"):
             _positive(name, getattr(self, name))
+        if not isinstance(self.ack_delay_s, (int, float)) or isinstance(self.ack_delay_s, bool) \
+                or not 0 <= self.ack_delay_s <= 1:
+            raise ValueError(f"ack_delay_s={self.ack_delay_s!r} must be a number in [0, 1] "
+                             "(seconds; the sender retransmits what stays unacknowledged)")
         for name in ("num_decode_threads", "max_connections", "max_handshakes", "max_requests",
                      "max_finished_requests", "max_request_bytes"):
             value = getattr(self, name)

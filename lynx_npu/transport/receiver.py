@@ -25,6 +25,7 @@ session that opened it.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import select
 import socket
@@ -45,6 +46,11 @@ from .request_table import RequestTable
 
 log = logging.getLogger(__name__)
 _ACK_BATCH = 16
+
+
+def _poll_ms(seconds: float) -> int:
+    """poll()'s timeout for ``seconds`` from now: whole milliseconds, rounded up, >= 0."""
+    return max(0, math.ceil(seconds * 1000))
 
 
 class Receiver(KVReceiver):
@@ -176,12 +182,18 @@ class Receiver(KVReceiver):
             conn.sock.settimeout(self.config.idle_timeout_s)  # per read: silence closes it
             poller = select.poll()
             poller.register(conn.sock, select.POLLIN)
+            ack_due = None
             while not self._closed.is_set():
-                # Flush before a read could block, or once a batch is full: an ACK waits at
-                # most for the frames already arriving behind its own.
-                if acks and (len(acks) >= _ACK_BATCH or not poller.poll(0)):
-                    conn.send_many(acks)
-                    acks = []
+                # Flush once a batch is full, the oldest reply has waited ack_delay_s, or no
+                # frame comes before then: one send per batch, not one per frame.
+                if acks:
+                    now = time.monotonic()
+                    if ack_due is None:
+                        ack_due = now + self.config.ack_delay_s
+                    if len(acks) >= _ACK_BATCH or now >= ack_due \
+                            or not poller.poll(_poll_ms(ack_due - now)):
+                        conn.send_many(acks)
+                        acks, ack_due = [], None
                 try:
                     frame = conn.read()
                 except ChecksumError as e:

@@ -2,6 +2,7 @@
 2, 3 and 7): reads hold what arrived, not what a header announced; silent connections and slow
 handshakes are closed by their deadline, and cannot lock an honest sender out; a handshake
 corrupted in transit is retried, then reported as a HandshakeError."""
+import select
 import socket
 import threading
 import time
@@ -276,3 +277,32 @@ def test_connection_slots_evict_the_oldest_handshake_and_bound_the_established()
     slots.remove("b")
     assert slots.admit("d") == (True, None)
     assert (slots.num_handshaking, slots.num_established) == (1, 1)
+
+
+# -- delayed acknowledgements ----------------------------------------------------------------
+def test_acks_wait_ack_delay_s_for_the_frames_behind_them_and_go_out_together():
+    """On a paced link frames arrive one by one; the receiver answers them in one batch once
+    the oldest has waited ack_delay_s, not with a send per frame (each send cost the decode
+    process's model thread the GIL: docs/transport.md). With ack_delay_s=0 a frame is
+    answered as soon as no other is waiting."""
+    frames = frames_of(3, small_codec("int8"), make_layers(1, 200))[:3]
+    with Receiver(ReceiverConfig(ack_delay_s=1.0)) as r:
+        peer = RawPeer(r.port)
+        start = time.monotonic()
+        peer.send(frames[0])
+        time.sleep(0.2)
+        peer.send(frames[1])
+        # 0.6 s after the first frame: both still held, nothing to read
+        assert select.select([peer.sock], [], [], 0.4)[0] == []
+        replies = [peer.read(), peer.read()]
+        assert time.monotonic() - start >= 1.0
+        assert [(f.kind, f.page) for f in replies] == [(Kind.ACK, frames[0].page),
+                                                        (Kind.ACK, frames[1].page)]
+        peer.close()
+    with Receiver(ReceiverConfig(ack_delay_s=0)) as r:
+        peer = RawPeer(r.port)
+        start = time.monotonic()
+        peer.send(frames[2])
+        assert peer.read().kind == Kind.ACK
+        assert time.monotonic() - start < 0.8  # not held (the batch above waited 1 s)
+        peer.close()

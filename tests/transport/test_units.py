@@ -216,6 +216,9 @@ def test_configs_name_the_bad_value():
         ReceiverConfig(deadline_s=float("inf"))
     with pytest.raises(ValueError, match="max_requests"):
         ReceiverConfig(max_requests=0)
+    for bad in (-0.01, 2, float("nan"), "0.02", True):
+        with pytest.raises(ValueError, match="ack_delay_s"):
+            ReceiverConfig(ack_delay_s=bad)
     assert "xxxx" not in repr(SenderConfig(port=1, secret=b"x" * 16))  # never logged
 
 

@@ -100,7 +100,7 @@ def _main(args, modes: list[str]) -> int:
                           f"{r.stats.get('drafts_proposed', 0)} accepted"
                           if r.stats.get("drafts_proposed") else "")
                 say(f"[lynx] prompt {i + 1}/{len(prompts)} {mode:<9} TTFT "
-                    f"{r.time_to_token(1):.2f} s, TT{len(r.tokens)} "
+                    f"{r.time_to_token(1):.3f} s, TT{len(r.tokens)} "
                     f"{r.time_to_token(len(r.tokens)):.2f} s{drafts}{prefill}"
                     f"{_timeline(r)}")
     finally:
@@ -147,7 +147,7 @@ def _timeline(r) -> str:
     marks = [("anchor", "anchor_ready_at"), ("in cache", "loaded_at"),
              ("residual", "residual_ready_at"), ("refined", "refined_at"),
              ("verified", "verified_at")]
-    parts = [f"{name} {r.stats[key] - r.start:.2f}" for name, key in marks
+    parts = [f"{name} {r.stats[key] - r.start:.3f}" for name, key in marks
              if r.stats.get(key) is not None and (key != "residual_ready_at"
                                                   or r.stats.get("stage") == "anchor")]
     return f" [{', '.join(parts)}]" if parts else ""
