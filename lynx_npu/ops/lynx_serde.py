@@ -346,6 +346,26 @@ class LynxSerde(PageSerde):
                             cache.dtype)
         return self.apply(staged, paged(cache, slots), cache.num_kv_heads, cache.head_size)
 
+    def _decode_cast(self, pages: Sequence[WirePage], cache: ResolvedCache,
+                     slot_mapping: torch.Tensor, wire_dtype: torch.dtype) -> str:
+        """Pages of another dtype than the cache's (bf16 pages into vLLM's float32 CPU cache):
+        pages that cover one run of tokens decode in one launch into a dense [H, T, D] of
+        their dtype, then one cast and one scatter, instead of one of each per page (the
+        demo's residual took 0.13-0.19 s to refine that way, 30 layers x 6 pages)."""
+        ordered = sorted(pages, key=lambda p: p.token_start)
+        lo, hi = ordered[0].token_start, ordered[-1].token_end
+        if any(a.token_end != b.token_start for a, b in zip(ordered, ordered[1:])):
+            return super()._decode_cast(pages, cache, slot_mapping, wire_dtype)
+        h, d = cache.num_kv_heads, cache.head_size
+        k = torch.empty(h, hi - lo, d, dtype=wire_dtype)
+        v = torch.empty_like(k)
+        staged = self.stage(ordered, torch.device("cpu"), h, d, wire_dtype, relative=lo)
+        used = self.apply(staged, dense(k, v), h, d)
+        dest = paged(cache, slot_mapping.to(cache.k.tensor.device, torch.int64))
+        scatter_tokens(dest, lo, k.to(dest.device), v.to(dest.device), h, d)
+        return f"{used} ({str(wire_dtype).split('.')[-1]} pages cast to the " \
+               f"{str(cache.dtype).split('.')[-1]} cache)"
+
     def decode_layers(self, pages, cache: PagedKVCache, slot_mapping: torch.Tensor,
                       wire_dtype: torch.dtype | None = None) -> str:
         h, d, dtype = cache.num_kv_heads, cache.head_size, cache.dtype

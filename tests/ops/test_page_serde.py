@@ -8,9 +8,9 @@ from lynx_npu.ops import KV_CACHE_LAYOUTS, list_backends
 from lynx_npu.ops.page_serde import serde_for
 
 from .parity import random_kv
-from .serde_checks import (assert_same_bytes, check_decode_into, check_encode_cache,
-                           check_every_byte_written, check_request, reference_pages,
-                           small_codec)
+from .serde_checks import (POISON, assert_same_bytes, block_slots, check_decode_into,
+                           check_encode_cache, check_every_byte_written, check_request,
+                           make_cache, reference_kv, reference_pages, small_codec)
 
 LYNX = ["lynx", "lynx-int4", "lynx-int8"]
 BASELINES = ["bf16", "int8", "int4", "kivi4"]
@@ -118,3 +118,32 @@ def test_bad_pages_are_named():
 @pytest.mark.parametrize("name", ["lynx", "lynx-int8", "int8"])
 def test_every_layer_of_a_request(name):
     assert check_request(name, "vllm_cpu", "cpu") == ("cpu" if name in LYNX else "reference")
+
+
+@pytest.mark.parametrize("name,stage", [("lynx", "anchor"), ("lynx", "full"),
+                                        ("lynx-int8", "full"), ("int8", "full")])
+@pytest.mark.parametrize("which", ["all", "a run", "a gap"])
+def test_pages_of_another_dtype_decode_cast_into_the_cache(name, stage, which):
+    """bfloat16 pages into a float32 cache (the demo's engines: wire_dtype on the connector):
+    every page's tokens hold the bf16 decode cast to float32, whether the pages are one run of
+    tokens (one launch) or have a gap (page by page); nothing else is written."""
+    codec = small_codec(name)
+    h, t, d = 2, 300, 32
+    k, v = random_kv(h, t, d, torch.bfloat16, seed=4)
+    pages = reference_pages(codec, k, v)
+    if stage == "anchor":
+        pages = [type(p)(p.index, p.token_start, p.token_end, p.anchor, None) for p in pages]
+    chosen = {"all": pages, "a run": pages[1:3], "a gap": [pages[0], pages[2]]}[which]
+    cache, nb = make_cache("vllm_cpu", h, t, d, torch.float32, "cpu")
+    slots = block_slots(t, nb, cache.block_size, "random", seed=1)
+    serde = serde_for(codec)
+    used = serde.decode_into(chosen, cache.layer(0), slots, wire_dtype=torch.bfloat16)
+    assert "bfloat16 pages cast to the float32 cache" in used
+    wk, wv = reference_kv(codec, pages, h, d, torch.bfloat16, stage)
+    mine = torch.zeros(t, dtype=torch.bool)
+    for p in chosen:
+        mine[p.token_start:p.token_end] = True
+    gk, gv = cache.read(0, slots[mine])
+    assert torch.equal(gk, wk[:, mine].float()) and torch.equal(gv, wv[:, mine].float())
+    ok, ov = cache.read(0, slots[~mine])
+    assert bool((ok == POISON).all()) and bool((ov == POISON).all()), "another token changed"
