@@ -78,11 +78,15 @@ def main() -> int:
     for n in (int(x) for x in mine.sinks.split(",") if x):
         specs.append(_Spec(f"lynx:sinks{n}",
                            lambda n=n: lynx_npu.get_codec("lynx", num_sink_tokens=n)))
+    return run_accept(specs, rest, "recent_window_probe")
+
+
+def run_accept(specs: list, argv: list[str], prog: str) -> int:
+    """``lynx eval accept`` with ``argv``, its codecs replaced by ``specs``."""
     accept_cmd.select_codecs = lambda *_: specs
-    parser = argparse.ArgumentParser(prog="recent_window_probe")
+    parser = argparse.ArgumentParser(prog=prog)
     accept_cmd.add_arguments(parser)
-    args = parser.parse_args(rest)
-    return accept_cmd.run(args)
+    return accept_cmd.run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
