@@ -16,6 +16,13 @@ the same as verifying the drafts in one pass: while the drafts agree, the target
 its own continuation. Tokens after the prompt get their KV from the model as it decodes; only
 the prompt's KV is replaced. Decoding ignores EOS. All variants of a prompt decode in one batch
 (same length, same first token), so the weights are read once per step for all of them.
+
+Beside the lengths, a low-variance companion: the exact cache's greedy continuation is fed once
+to every draft cache (teacher forcing), and ``kl`` is the mean over those positions of
+KL(exact || draft) of the next-token distribution. An accepted length is decided by the first
+near-tie token (misses fall where the exact cache's top two tokens are ~0.07 nats apart,
+docs/codec.md), so two anchors of the same KL flip single prompts both ways; the KL compares
+them on every position of every prompt.
 """
 from __future__ import annotations
 
@@ -141,6 +148,22 @@ def greedy_decode(model, variants: list[Layers], first_token: int, num_tokens: i
     return out
 
 
+def divergence(model, variants: list[Layers], tokens: list[int]) -> list[float]:
+    """Mean KL(variants[0] || variant) of the next-token distribution after each of ``tokens``,
+    fed (teacher forcing) to every prompt cache of ``variants`` in one batch; variants[0], the
+    reference (the exact cache), gets 0. One value per variant, in nats."""
+    if not tokens:
+        raise ValueError("need at least one token to compare next-token distributions on")
+    cache = past_cache(model, variants)
+    ids = torch.tensor([tokens] * len(variants), dtype=torch.int64, device=model.device)
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(input_ids=ids, past_key_values=cache,
+                                       use_cache=True).logits.float(), dim=-1)
+    ref = logp[0]
+    kl = (ref.exp() * (ref - logp)).sum(-1).clamp_min(0)  # [variants, positions]
+    return kl.mean(-1).tolist()
+
+
 def accepted_length(drafts: list[int], target: list[int]) -> int:
     """Drafts kept by greedy verification against the target's greedy continuation (at least
     one token longer than the drafts)."""
@@ -195,8 +218,9 @@ def prepare(model, input_ids: torch.Tensor, codecs: list[tuple[str, object]],
 def verify(model, prepared: Prepared, num_tokens: int,
            on_step: Callable[[], None] | None = None) -> dict:
     """Decode ``num_tokens`` drafts (+ 1 target token) from every variant, then -> ``{"tokens",
-    "first_token", "accepted": {row label: length}, "bits": {codec: {stage: bits per value}},
-    "decoded": {variant: tokens}}``."""
+    "first_token", "accepted": {row label: length}, "kl": {"codec stage": KL(exact || draft)
+    along the exact continuation}, "bits": {codec: {stage: bits per value}}, "decoded":
+    {variant: tokens}}``."""
     keys = list(prepared.variants)
     decoded = greedy_decode(model, [prepared.variants[key] for key in keys],
                             prepared.first_token, num_tokens + 1, on_step)
@@ -206,8 +230,13 @@ def verify(model, prepared: Prepared, num_tokens: int,
         target = tokens["", EXACT] if row.target == EXACT else tokens[row.codec, row.target]
         accepted[row.label] = accepted_length(tokens[row.codec, row.draft_stage][:num_tokens],
                                               target)
+    drafts = list(dict.fromkeys((row.codec, row.draft_stage) for row in prepared.rows))
+    fed = [prepared.first_token] + tokens["", EXACT][:num_tokens - 1]  # predicts the N drafts
+    kl = divergence(model, [prepared.variants["", EXACT]]
+                    + [prepared.variants[key] for key in drafts], fed)[1:]
     return {"tokens": prepared.tokens, "first_token": prepared.first_token,
-            "accepted": accepted, "bits": prepared.bits,
+            "accepted": accepted, "kl": {f"{c} {s}": x for (c, s), x in zip(drafts, kl)},
+            "bits": prepared.bits,
             "decoded": {(f"{c} {s}" if c else s): t for (c, s), t in tokens.items()}}
 
 

@@ -18,8 +18,9 @@ it; or ``--qmsum`` / ``--mmlu-pro`` paths):
   (the category's first questions not among the tested ones), in MMLU-Pro's chain-of-thought
   few-shot format, plain text ending in "Answer: Let's think step by step.".
 
-Prints a summary table (bits per value, mean, P(accepted >= 10), P(>= 20)) and the full curve
-P(accepted >= k), k = 1..N; writes JSON and a PNG; progress on stderr.
+Prints a summary table (bits per value, KL(exact || drafts) along the exact continuation (the
+low-variance companion of the lengths, accept.py), mean, P(accepted >= 10), P(>= 20)) and the
+full curve P(accepted >= k), k = 1..N; writes JSON and a PNG; progress on stderr.
 """
 from __future__ import annotations
 
@@ -214,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
                 "draft_bits_per_value": _weighted([b[r.draft_stage] for b in bits], weights),
                 "target_bits_per_value": float(torch.finfo(KV_DTYPES[args.kv_dtype]).bits)
                 if r.target == EXACT else _weighted([b[r.target] for b in bits], weights),
+                "mean_kl": sum(p["kl"][f"{r.codec} {r.draft_stage}"] for p in per_prompt)
+                / len(per_prompt),
                 **summarize([p["accepted"][r.label] for p in per_prompt], args.new_tokens)})
     report["total_s"] = time.perf_counter() - t_start
     print(format_tables(report))
@@ -251,11 +254,12 @@ def format_tables(report: dict) -> str:
                      f"{info['prompt_tokens_max']} tokens, {report['model']}, {n} greedy drafts, "
                      f"KV {report['kv_dtype']}")
         width = max(len(r["row"]) for r in results)
-        lines.append(f"{'drafts -> target':<{width}}  {'draft b/v':>9}  {'mean':>6}  "
+        lines.append(f"{'drafts -> target':<{width}}  {'draft b/v':>9}  {'KL':>9}  {'mean':>6}  "
                      f"{'P(>=10)':>7}  {'P(>=20)':>7}  {f'P(>={n})':>8}")
         for r in results:
             p = r["p_at_least"]
-            lines.append(f"{r['row']:<{width}}  {r['draft_bits_per_value']:>9.3f}  "
+            kl = f"{r['mean_kl']:.2e}" if "mean_kl" in r else "-"  # reports before 2026-11-27
+            lines.append(f"{r['row']:<{width}}  {r['draft_bits_per_value']:>9.3f}  {kl:>9}  "
                          f"{r['mean']:>6.2f}  {_p(p, 10):>7}  {_p(p, 20):>7}  {p[-1]:>8.2f}")
         lines.append("")
         heads = [_short(r) for r in results]

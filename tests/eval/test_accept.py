@@ -127,6 +127,8 @@ def test_an_anchor_equal_to_the_full_stage_is_accepted_whole(tiny, ids):
     assert res["accepted"] == {"same anchor -> full": N, "same anchor -> exact": N,
                                "bf16 full -> exact": N}
     assert res["bits"]["bf16"] == {"full": 16.0}
+    assert set(res["kl"]) == {"same anchor", "bf16 full"}  # drafts that are the exact cache
+    assert all(0 <= x < 1e-6 for x in res["kl"].values())
 
 
 def test_a_corrupted_anchor_loses_drafts_against_an_exact_full_stage(tiny, ids):
@@ -138,6 +140,32 @@ def test_a_corrupted_anchor_loses_drafts_against_an_exact_full_stage(tiny, ids):
     res = accept.measure_prompt(tiny, ids, [("noisy", Staged(noisy, exact))], N, torch.bfloat16)
     assert res["accepted"]["noisy anchor -> full"] == res["accepted"]["noisy anchor -> exact"] < N
     assert res["decoded"]["noisy full"] == res["decoded"]["exact"]
+    assert res["kl"]["noisy anchor"] > 1e-3
+
+
+def test_kl_grows_with_the_drafts_cache_error_and_matches_its_definition(tiny, ids):
+    kv = accept.prefill(tiny, ids)
+    g = torch.Generator().manual_seed(3)
+    noise = [(torch.randn(k.shape, generator=g), torch.randn(v.shape, generator=g))
+             for k, v in kv.layers]
+
+    def plus(scale):
+        return [(k + scale * nk, v + scale * nv) for (k, v), (nk, nv) in zip(kv.layers, noise)]
+
+    tokens = accept.greedy_decode(tiny, [kv.layers], kv.first_token, N)[0]
+    fed = [kv.first_token] + tokens[:-1]
+    kl = accept.divergence(tiny, [kv.layers, plus(0.05), plus(0.5), plus(5.0)], fed)
+    assert kl[0] < 1e-6 and 0 < kl[1] < kl[2] < kl[3]
+    # the definition, position by position, from two separate forward passes
+    with torch.inference_mode():
+        logp = [torch.log_softmax(tiny(input_ids=torch.tensor([fed]),
+                                       past_key_values=accept.past_cache(tiny, [layers]),
+                                       use_cache=True).logits[0].float(), -1)
+                for layers in (kv.layers, plus(0.5))]
+    want = (logp[0].exp() * (logp[0] - logp[1])).sum(-1).mean()
+    assert kl[2] == pytest.approx(float(want), rel=1e-4)
+    with pytest.raises(ValueError, match="at least one token"):
+        accept.divergence(tiny, [kv.layers], [])
 
 
 class Recorder:
@@ -207,10 +235,10 @@ def test_report_renders_as_tables_and_a_curve(tmp_path):
                                       "prompt_tokens_max": 12}},
               "results": [{"workload": "qmsum", "row": "lynx anchor -> full", "codec": "lynx",
                            "draft_stage": "anchor", "target": "full",
-                           "draft_bits_per_value": 4.7, "mean": 2.5,
+                           "draft_bits_per_value": 4.7, "mean_kl": 0.00244, "mean": 2.5,
                            "p_at_least": [1.0, 1.0, 0.5]}]}
     text = format_tables(report)
-    assert "lynx anchor -> full      4.700    2.50        -        -      0.50" in text
+    assert "lynx anchor -> full      4.700   2.44e-03    2.50        -        -      0.50" in text
     assert text.splitlines()[-1].split() == ["3", "0.50"]
     assert json.loads(to_json(report)) == report
     assert '"p_at_least": [1.0, 1.0, 0.5]' in to_json(report)
@@ -240,4 +268,5 @@ def test_accept_command_on_smollm2(tmp_path, data_dir):
         (n,) = lynx["lengths"]
         assert lynx["mean"] == n and lynx["p_at_least"] == [float(n >= k) for k in range(1, 9)]
         assert 4 < lynx["draft_bits_per_value"] < lynx["target_bits_per_value"] < 16
+        assert rows[w, "bf16 full -> exact"]["mean_kl"] < 1e-6 < lynx["mean_kl"]
     assert png.stat().st_size > 0
