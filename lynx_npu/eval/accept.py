@@ -21,7 +21,7 @@ Beside the lengths, a low-variance companion: the exact cache's greedy continuat
 to every draft cache (teacher forcing), and ``kl`` is the mean over those positions of
 KL(exact || draft) of the next-token distribution. An accepted length is decided by the first
 near-tie token (misses fall where the exact cache's top two tokens are ~0.07 nats apart,
-docs/codec.md), so two anchors of the same KL flip single prompts both ways; the KL compares
+docs/codec.md), so two anchors of the same mean KL flip single prompts both ways; the KL compares
 them on every position of every prompt.
 """
 from __future__ import annotations
