@@ -67,6 +67,8 @@ class Scalars:
     half: bool = False  # mu = u / 2^b (0.5 on the grid); sigma levels 2^smin .. 2^-1 exactly,
                         # then one top level 0.5 + 2^-b_mu: a chunk spanning its page channel's
                         # whole range (sigma = 0.5 at mu = 0.5) is stored exactly
+    f16_levels: bool = False  # sigma levels rounded to float16, so the kernels can keep
+                              # float16 stats that lie on the grid (a lossless byte map)
 
     def nbytes(self, nc: int) -> int:
         if self.mu_bits is None:
@@ -85,7 +87,8 @@ class Scalars:
         else:
             lv = torch.exp2(lo + u * ((hi - lo) / steps))
             lv[-1] = 2.0 ** hi
-        return torch.cat([torch.zeros(1, dtype=torch.float64), lv]).float()
+        levels = torch.cat([torch.zeros(1, dtype=torch.float64), lv]).float()
+        return levels.half().float() if self.f16_levels else levels
 
 
 @dataclass
@@ -225,9 +228,9 @@ def variants():
     f16 = Scalars(32, None, None)
     narrow = (-4.0, -0.95)   # sigma grid 2^-4 .. 0.518 (page-normalised sigma <= 0.5 + mu error)
 
-    def once(label, kc, vc, kb, vb, grid=(-5.0, 0.0), page=256, half=False):
-        k = Scalars(kc, kb[0], kb[1], *grid, half)
-        v = Scalars(vc, vb[0], vb[1], *grid, half)
+    def once(label, kc, vc, kb, vb, grid=(-5.0, 0.0), page=256, half=False, f16=False):
+        k = Scalars(kc, kb[0], kb[1], *grid, half, f16)
+        v = Scalars(vc, vb[0], vb[1], *grid, half, f16)
         return label, ScalarOnce(label, k, v, page)
 
     b8, b7, b6 = (8, 8), (7, 7), (6, 6)
@@ -258,6 +261,7 @@ def variants():
         once("once6/8 C32/64 P256 narrow", 32, 64, (6, 8), (6, 8), narrow),
         # "half" grids: mu = u / 2^b, sigma 2^-4 .. 0.5 exactly + one top level
         once("once8 C32/32 P256 half", 32, 32, b8, b8, narrow, half=True),
+        once("once8 C32/32 P256 half f16", 32, 32, b8, b8, narrow, half=True, f16=True),
         once("once6 C32/32 P512 half", 32, 32, b6, b6, narrow, 512, True),
         once("K6/7 V6/5 C32/32 P512 half", 32, 32, (6, 7), (6, 5), narrow, 512, True),
         once("K7/7 V5/5 C32/32 P512 half", 32, 32, b7, (5, 5), narrow, 512, True),
