@@ -293,7 +293,7 @@ class MooncakeReceiver(KVReceiver):
             return _ack(frame)  # a late duplicate of a released request
         if handle.error is not None:
             return self._error(rid, str(handle.error))
-        if handle.finished:
+        if handle.finished or handle.has(frame.kind, frame.layer, frame.page):
             return _ack(frame)
         try:
             if frame.extra_pages:  # a descriptor names one page's bytes
@@ -345,7 +345,10 @@ class MooncakeReceiver(KVReceiver):
             for item in batch:
                 if item.handle.error is not None:
                     continue  # its ERROR went out when it failed
-                if item.handle.finished:
+                # A repeat (retransmitted while its first copy was being read) is not read
+                # again: the sender may have released the memory once that copy was acked.
+                if item.handle.finished or item.handle.has(item.frame.kind, item.frame.layer,
+                                                           item.frame.page):
                     replies[item.conn].append(_ack(item.frame))
                 else:
                     live.append(item)

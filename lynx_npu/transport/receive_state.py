@@ -122,6 +122,11 @@ class ReceiveHandle:
         with self._written:
             self._written.wait_for(lambda: all(t == me for t in self._writing.values()))
 
+    def has(self, kind: int, layer: int, page: int) -> bool:
+        """Whether this stream of the page was admitted already (a repeat needs no read)."""
+        with self._lock:
+            return (int(kind), layer, page) in self._received
+
     # -- admission (reader threads) -----------------------------------------------------------
     def admit(self, frame: Frame, wire_bytes: int, get_codec, max_request_bytes: int,
               dequantize: bool, defer_residual: bool = False) -> list[PageJob] | bool:

@@ -302,6 +302,35 @@ def test_unreadable_or_corrupt_bytes_fail_the_request(case):
         assert receiver.reads == 1 + receiver.engine.config.read_retries
 
 
+@needs_engine
+def test_a_repeat_of_a_page_already_read_is_acknowledged_without_a_read():
+    """The sender retransmits a descriptor whose ACK is late; the first copy is read and acked,
+    and the sender, all its pages acked, releases the memory. The repeat must not be read (it
+    would fail) but acknowledged: the request goes on (CI run of 2026-11-27)."""
+    codec, ((k, v),) = small_codec("lynx"), make_layers(1, 128)
+    page = wire_pages(codec.encode_pages(k, v))[0]
+    params = params_to_json(wire_params(codec))
+    with _engine() as peer, MooncakeReceiver(ReceiverConfig()) as receiver:
+        buf, addr = peer.buffer(len(page.anchor))
+        buf.copy_(torch.frombuffer(bytearray(page.anchor), dtype=torch.uint8))
+        desc = PageDescriptor(peer.segment, addr, len(page.anchor), crc32c(page.anchor))
+        frame = Frame(Kind.ANCHOR, 8, 0, 1, page.index, page.token_start, page.token_end, 128,
+                      codec.codec_id, DTYPE_CODES[torch.bfloat16], 0, H, D, params, desc.pack())
+        conn = _raw_control(receiver.port)
+        conn.send(frame)
+        first = conn.read()
+        peer.release(addr)
+        conn.send(frame)
+        repeat = conn.read()
+        conn.close()
+        handle = receiver.request(8)
+        assert (first.kind, repeat.kind) == (Kind.ACK, Kind.ACK)
+        assert first.key == repeat.key == frame.key
+        assert receiver.reads == 1 and handle.error is None
+        assert [(kind, page_no) for _, kind, _, page_no, _ in handle.arrivals] == [
+            (Kind.ANCHOR, page.index)]
+
+
 class _engine:
     def __enter__(self):
         self.engine = MooncakeEngine()
