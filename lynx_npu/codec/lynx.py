@@ -11,7 +11,7 @@ from . import lynx_ref, lynx_stream
 from .base import Codec, Encoded, EncodedPage, check_page, validate_kv
 from .lynx_config import LynxConfig, make_config
 from .lynx_layout import (SCALAR_DTYPE, PageLayout, PageSpan, page_layout, page_sinks, page_spans,
-                          stream_layout)
+                          stream_layout, window_nbytes, window_rows)
 from .packing import pack_bits, packed_nbytes, unpack_bits
 from .registry import register_codec
 
@@ -74,8 +74,8 @@ class LynxCodec(Codec):
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> EncodedLynx:
         validate_kv(k, v)
         anchors, residuals = [], []
-        for pages, spans in self._blocks(k.shape[1]):
-            a, r = self._encode_stream(k, v, spans)
+        for pages, spans, rows in self._blocks(k.shape[1]):
+            a, r = self._encode_stream(k, v, spans, rows)
             anchors.append(a.reshape(-1))
             residuals.append(r.reshape(-1))
         return self._wrap(tuple(k.shape), k.dtype, torch.cat(anchors), torch.cat(residuals))
@@ -86,58 +86,84 @@ class LynxCodec(Codec):
     def decode(self, enc: EncodedLynx, stage: str = "full"):
         enc.check_stage(stage)
         h, t, d = enc.shape
-        anchor, residual = self.layer_from_stream(
-            enc.anchor, enc.residual if stage == "full" else None, enc.shape, enc.dtype)
         ks, vs = [], []
-        a_off = r_off = 0
-        for pages, spans in self._blocks(t):
-            lay = self._layout(h, d, enc.dtype, spans[0])
-            n = len(spans)
-            a = anchor[a_off:a_off + n * lay.anchor_nbytes].view(n, -1)
-            r = residual[r_off:r_off + n * lay.residual_nbytes].view(n, -1) \
-                if residual is not None else None
-            a_off += n * lay.anchor_nbytes
-            r_off += n * lay.residual_nbytes
+        for lay, a, r in self._kernel_blocks(enc.anchor, enc.residual if stage == "full"
+                                             else None, enc.shape, enc.dtype):
             kb, vb = self._decode_block(a, r, lay, h, d, enc.dtype)
             ks.append(kb)
             vs.append(vb)
         return torch.cat(ks, dim=1), torch.cat(vs, dim=1)
 
-    # -- kernel layout <-> streams (differ only with scalar_preview) ---------------------------
+    # -- kernel layout <-> streams (differ with scalar_preview and recent_tokens) ------------
     def layer_to_stream(self, anchor, residual, shape, dtype):
         """A layer's kernel-layout buffers (lynx_npu.ops.compress) -> this codec's streams."""
-        return self._relayout(anchor, residual, shape, dtype, lynx_stream.to_stream, True)
-
-    def layer_from_stream(self, anchor, residual, shape, dtype):
-        """This codec's streams (residual None: anchor stage) -> kernel-layout buffers."""
-        return self._relayout(anchor, residual, shape, dtype, lynx_stream.from_stream, False)
-
-    def _relayout(self, anchor, residual, shape, dtype, convert, to_stream: bool):
-        if not self.config.scalar_preview:
+        if self.config == self.config.kernel:
             return anchor, residual
         h, t, d = shape
         a_out, r_out, a_off, r_off = [], [], 0, 0
-        for n, spans in self._blocks(t):
+        for n, spans, rows in self._blocks(t):
+            lay = self._layout(h, d, dtype, spans[0])
+            a = anchor[a_off:a_off + n * lay.anchor_nbytes].view(n, -1)
+            r = residual[r_off:r_off + n * lay.residual_nbytes].view(n, -1)
+            a_off += n * lay.anchor_nbytes
+            r_off += n * lay.residual_nbytes
+            a, r = self._to_stream(a, r, lay, self._stream_layout(h, d, dtype, spans[0]), rows,
+                                   h, d)
+            a_out.append(a.reshape(-1))
+            r_out.append(r.reshape(-1))
+        return torch.cat(a_out), torch.cat(r_out)
+
+    def layer_from_stream(self, anchor, residual, shape, dtype):
+        """This codec's streams (residual None: anchor stage) -> kernel-layout buffers; anchor
+        stage pages with a recent-token window come with the residual that decodes them."""
+        blocks = list(self._kernel_blocks(anchor, residual, shape, dtype))
+        a = torch.cat([a.reshape(-1) for _, a, _ in blocks])
+        if residual is None and not any(r is not None for *_, r in blocks):
+            return a, None
+        # Pages without a window take residual code 0 (exactly the anchor stage), so that the
+        # whole layer decodes through the full-stage path.
+        return a, torch.cat([(r if r is not None else torch.zeros(
+            a.shape[0], lay.residual_nbytes, dtype=torch.uint8, device=a.device)).reshape(-1)
+            for lay, a, r in blocks])
+
+    def _kernel_blocks(self, anchor, residual, shape, dtype):
+        """Yield (kernel layout, anchor [n, bytes], residual [n, bytes] or None) per block of
+        a layer's streams; an anchor-stage block with a window has its made-up residual."""
+        h, t, d = shape
+        a_off = r_off = 0
+        for n, spans, rows in self._blocks(t):
             lay = self._layout(h, d, dtype, spans[0])
             slay = self._stream_layout(h, d, dtype, spans[0])
-            src = slay if not to_stream else lay
-            a = anchor[a_off:a_off + n * src.anchor_nbytes].view(n, -1)
-            r = residual[r_off:r_off + n * src.residual_nbytes].view(n, -1) \
+            a_size = slay.anchor_nbytes + window_nbytes(self.config, slay, h, d, rows)
+            a = anchor[a_off:a_off + n * a_size].view(n, -1)
+            r = residual[r_off:r_off + n * slay.residual_nbytes].view(n, -1) \
                 if residual is not None else None
-            a_off += n * src.anchor_nbytes
-            r_off += n * src.residual_nbytes
-            a, r = convert(a, r, lay, slay)
-            a_out.append(a.reshape(-1))
-            if r is not None:
-                r_out.append(r.reshape(-1))
-        return torch.cat(a_out), torch.cat(r_out) if residual is not None else None
+            a_off += n * a_size
+            r_off += n * slay.residual_nbytes
+            if r is None and rows:
+                r = torch.stack([lynx_stream.window_residual(a[j], slay, self.config, h, d, rows)
+                                 for j in range(n)])
+            if rows:
+                a = a[:, :slay.anchor_nbytes]
+            if slay is not lay:
+                a, r = lynx_stream.from_stream(a, r, lay, slay)
+            yield lay, a, r
+
+    def _to_stream(self, a, r, lay: PageLayout, slay: PageLayout, rows: int, h: int, d: int):
+        """[n, kernel bytes] pages -> [n, stream bytes], the window appended to the anchors."""
+        if slay is not lay:
+            a, r = lynx_stream.to_stream(a, r, lay, slay)
+        if rows:
+            a = torch.cat([a, torch.stack([lynx_stream.window_tail(
+                a[j], r[j], slay, self.config, h, d, rows) for j in range(a.shape[0])])], dim=1)
+        return a, r
 
     # -- pages (the transport's unit) ---------------------------------------------------------
     def encode_pages(self, k: torch.Tensor, v: torch.Tensor) -> list[EncodedPage]:
         validate_kv(k, v)
         out = []
-        for pages, spans in self._blocks(k.shape[1]):
-            a, r = self._encode_stream(k, v, spans)
+        for pages, spans, rows in self._blocks(k.shape[1]):
+            a, r = self._encode_stream(k, v, spans, rows)
             out += [EncodedPage(s.index, s.token_start, s.token_end, a[j], r[j])
                     for j, s in enumerate(spans)]
         return out
@@ -154,12 +180,20 @@ class LynxCodec(Codec):
                     dtype):
         """Check one received page's buffers and return them in the kernel layout (what
         lynx_npu.ops decompresses) with that layout; without the residual, scalar previews
-        are expanded in place of the exact scalars."""
+        are expanded in place of the exact scalars, and a page with a recent-token window
+        comes back with the residual that decodes it at the anchor stage."""
         self._check_page(token_start, token_end, num_kv_heads, head_dim, dtype)
         ns = page_sinks(self.config, token_start, token_end)
         span = PageSpan(-1, token_start, token_end, token_start + ns, ns)
         lay = self._layout(num_kv_heads, head_dim, dtype, span)
         slay = self._stream_layout(num_kv_heads, head_dim, dtype, span)
+        if self.config.recent_tokens:
+            _check_len("anchor", anchor, anchor.numel())
+            rows = lynx_stream.window_of(anchor, slay, self.config, num_kv_heads, head_dim)
+            if rows and residual is None:
+                residual = lynx_stream.window_residual(anchor, slay, self.config, num_kv_heads,
+                                                       head_dim, rows)
+            anchor = anchor[:slay.anchor_nbytes]
         _check_len("anchor", anchor, slay.anchor_nbytes)
         if residual is not None:
             _check_len("residual", residual, slay.residual_nbytes)
@@ -176,16 +210,18 @@ class LynxCodec(Codec):
                    max_tokens=self.config.page_size + self.config.num_sink_tokens)
 
     def _blocks(self, num_tokens: int):
-        """Group page spans into runs of equal shape (page 0, full pages, the ragged tail)."""
-        spans = page_spans(self.config, num_tokens)
-        groups: list[list[PageSpan]] = []
-        for s in spans:
-            if groups and s.num_sink == 0 and groups[-1][0].num_sink == 0 \
-                    and groups[-1][0].num_tokens == s.num_tokens:
-                groups[-1].append(s)
+        """Group page spans into runs of equal shape (page 0, full pages, the ragged tail, the
+        pages with recent rows): (pages, spans, recent rows of each)."""
+        groups: list[tuple[list[PageSpan], int]] = []
+        for s in page_spans(self.config, num_tokens):
+            rows = window_rows(self.config, s.body_start, s.token_end, num_tokens)
+            last = groups[-1][0][0] if groups else None
+            if last is not None and s.num_sink == 0 and last.num_sink == 0 \
+                    and last.num_tokens == s.num_tokens and groups[-1][1] == rows:
+                groups[-1][0].append(s)
             else:
-                groups.append([s])
-        return [(len(g), g) for g in groups]
+                groups.append(([s], rows))
+        return [(len(g), g, rows) for g, rows in groups]
 
     def _layout(self, h: int, d: int, dtype, span: PageSpan) -> PageLayout:
         return page_layout(self.config, h, d, dtype, span.num_tokens, span.num_sink)
@@ -193,12 +229,12 @@ class LynxCodec(Codec):
     def _stream_layout(self, h: int, d: int, dtype, span: PageSpan) -> PageLayout:
         return stream_layout(self.config, h, d, dtype, span.num_tokens, span.num_sink)
 
-    def _encode_stream(self, k, v, spans: list[PageSpan]):
+    def _encode_stream(self, k, v, spans: list[PageSpan], rows: int):
         a, r = self._encode_block(k, v, spans)
         h, _, d = k.shape
         lay = self._layout(h, d, k.dtype, spans[0])
-        slay = self._stream_layout(h, d, k.dtype, spans[0])
-        return (a, r) if slay is lay else lynx_stream.to_stream(a, r, lay, slay)
+        return self._to_stream(a, r, lay, self._stream_layout(h, d, k.dtype, spans[0]), rows,
+                               h, d)
 
     def _encode_block(self, k, v, spans: list[PageSpan]):
         h, _, d = k.shape
@@ -300,15 +336,20 @@ class LynxInt8Codec(LynxCodec):
 
 
 def _no_preview(codec: LynxCodec) -> None:
-    if codec.config.scalar_preview:
-        raise ValueError(f"{codec.name} sends one stream: scalar_preview=True needs the split "
-                         f"codec 'lynx'")
+    for name in ("scalar_preview", "recent_tokens"):
+        if getattr(codec.config, name):
+            raise ValueError(f"{codec.name} sends one stream: {name}="
+                             f"{getattr(codec.config, name)!r} needs the split codec 'lynx'")
+
+
+RECENT_TOKENS = 32  # get_codec("lynx")'s window: the lever measured in docs/codec.md
 
 
 def _split_codec(preset: str | None = None, **overrides) -> LynxCodec:
     """``get_codec("lynx")``: the split codec with scalar previews on (the paper preset keeps
     its literal anchor); ``LynxCodec()`` itself defaults to the kernel layout."""
     overrides.setdefault("scalar_preview", preset in (None, "default"))
+    overrides.setdefault("recent_tokens", RECENT_TOKENS if preset in (None, "default") else 0)
     return LynxCodec(preset, **overrides)
 
 

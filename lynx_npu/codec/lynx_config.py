@@ -34,6 +34,11 @@ class LynxConfig:
     # values (lynx_stream.py): anchor ~4.6 instead of ~5.1 bits/value, full stage unchanged.
     # A stream format, not a quantizer setting: kernels (lynx_npu.ops) never see it.
     scalar_preview: bool = False
+    # The anchor of the page(s) holding the layer's last ``recent_tokens`` tokens also carries
+    # their residual codes and their chunks' exact scalars (lynx_stream.py): drafts are
+    # computed on those tokens at full precision, where attention looks most (docs/codec.md).
+    # A stream format too: the kernels never see it.
+    recent_tokens: int = 0
 
     def __post_init__(self):
         # Types as well as ranges: a config rebuilt from a frame's JSON parameters
@@ -53,6 +58,7 @@ class LynxConfig:
         if not isinstance(self.scalar_preview, bool):
             raise ValueError(f"scalar_preview={self.scalar_preview!r} must be a bool")
         check_int("num_sink_tokens", self.num_sink_tokens, 0)
+        check_int("recent_tokens", self.recent_tokens, 0)
 
     @property
     def residual_bits(self) -> int:
@@ -72,6 +78,11 @@ class LynxConfig:
 
     def axis(self, which: str) -> str:
         return self.k_axis if which == "k" else self.v_axis
+
+    @property
+    def kernel(self) -> "LynxConfig":
+        """This config without its stream formats: what lynx_npu.ops kernels are given."""
+        return self.replace(scalar_preview=False, recent_tokens=0)
 
     def replace(self, **changes) -> "LynxConfig":
         return dataclasses.replace(self, **changes)

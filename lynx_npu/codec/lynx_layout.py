@@ -85,10 +85,9 @@ def _sections(sizes: list[tuple[str, int]]) -> tuple[tuple[Section, ...], int]:
 @functools.lru_cache(maxsize=4096)
 def page_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.dtype,
                 num_tokens: int, num_sink: int) -> PageLayout:
-    """The kernel layout of one page (the same whatever ``cfg.scalar_preview``)."""
-    if cfg.scalar_preview:
-        return page_layout(cfg.replace(scalar_preview=False), num_heads, head_dim, dtype,
-                           num_tokens, num_sink)
+    """The kernel layout of one page (the same whatever the stream formats)."""
+    if cfg != cfg.kernel:
+        return page_layout(cfg.kernel, num_heads, head_dim, dtype, num_tokens, num_sink)
     n = num_heads * num_tokens * head_dim
     es = _itemsize(dtype)
     gamma = 2 * num_heads * head_dim * es if num_tokens else 0
@@ -117,6 +116,9 @@ def stream_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.d
     kernel = page_layout(cfg, num_heads, head_dim, dtype, num_tokens, num_sink)
     if not cfg.scalar_preview:
         return kernel
+    if cfg.recent_tokens:
+        return stream_layout(cfg.replace(recent_tokens=0), num_heads, head_dim, dtype,
+                             num_tokens, num_sink)
     anchor, residual = [], [(s.name, s.nbytes) for s in kernel.residual]
     for s in kernel.anchor:
         if s.name.endswith("_stats"):
@@ -157,3 +159,63 @@ def page_spans(cfg: LynxConfig, num_tokens: int) -> list[PageSpan]:
         if end >= num_tokens:
             return spans
         start, i = end, i + 1
+
+
+# -- the recent-token window (``recent_tokens``; lynx_stream.py fills and reads it) ---------------
+
+RECENT_SHARE = 64  # a window holds at most 1/64 of a layer's tokens: <= 5/64 bits per value
+
+
+def recent_window(cfg: LynxConfig, num_tokens: int) -> int:
+    """How many of a layer's last tokens its window holds: ``recent_tokens``, but at most
+    1/RECENT_SHARE of the layer, so that the window's ~5 bits (residual codes and exact
+    scalars) add at most ~0.08 bits per value to the anchor of a short prompt."""
+    return min(cfg.recent_tokens, num_tokens // RECENT_SHARE)
+
+
+def window_rows(cfg: LynxConfig, body_start: int, token_end: int, num_tokens: int) -> int:
+    """Body rows of the page [body_start, token_end) of a ``num_tokens`` layer that lie in its
+    window (``recent_window``): the last rows of the page, or none."""
+    w = recent_window(cfg, num_tokens)
+    return max(0, token_end - max(body_start, num_tokens - w)) if w else 0
+
+
+def window_chunks(cfg: LynxConfig, which: str, num_heads: int, num_tokens: int, head_dim: int,
+                  rows: int) -> int:
+    """Chunk scalars (per mu or sigma) of the chunks that hold a page's last ``rows`` rows."""
+    if cfg.axis(which) == "channel":
+        first = (num_tokens - rows) // cfg.chunk_size
+        return num_heads * (-(-num_tokens // cfg.chunk_size) - first) * head_dim
+    return num_heads * rows * -(-head_dim // cfg.chunk_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def window_layout(cfg: LynxConfig, num_heads: int, head_dim: int, num_tokens: int,
+                  rows: int) -> tuple[tuple[Section, ...], int]:
+    """The window that follows a page's stream anchor (at the next ALIGN boundary) when the page
+    holds ``rows`` > 0 recent rows: ``window`` (uint32 ``rows``, so a page says what it
+    carries), ``k_wres`` / ``v_wres`` (the rows' residual codes, [H, rows, D] packed) and, with
+    scalar previews, ``k_wstats`` / ``v_wstats`` (float16 [2, n]: the exact mu, then sigma, of
+    the chunks holding the rows, in the stats' order). -> (sections, bytes)."""
+    n = num_heads * rows * head_dim
+    sizes = [("window", 4), ("k_wres", packed_nbytes(n, cfg.residual_bits)),
+             ("v_wres", packed_nbytes(n, cfg.residual_bits))]
+    if cfg.scalar_preview:
+        for which in "kv":
+            nc = window_chunks(cfg, which, num_heads, num_tokens, head_dim, rows)
+            sizes.append((f"{which}_wstats", 2 * nc * _itemsize(SCALAR_DTYPE)))
+    return _sections(sizes)
+
+
+def window_start(stream: PageLayout) -> int:
+    """Where a page's window begins in its anchor buffer."""
+    return _align(stream.anchor_nbytes)
+
+
+def window_nbytes(cfg: LynxConfig, stream: PageLayout, num_heads: int, head_dim: int,
+                  rows: int) -> int:
+    """Bytes a window of ``rows`` adds to a page's anchor buffer (its padding included)."""
+    if not rows:
+        return 0
+    return window_start(stream) - stream.anchor_nbytes + window_layout(
+        cfg, num_heads, head_dim, stream.num_tokens, rows)[1]

@@ -12,6 +12,13 @@ cache the drafts are computed on, sees the previews.
   sigma in [0, 1], used relative to itself: u = 0 for 0, else the nearest of 255 geometric
   levels 2^-14 .. 1 in log2 (ratio 2^(14/254)); relative error <= 2.0% above 2^-14.
 
+The recent-token window (``recent_tokens``): the page(s) holding a layer's last W tokens carry,
+after their anchor, those rows' residual codes and (with previews) their chunks' exact scalars
+(lynx_layout.window_layout). Anchor-stage decoding of such a page is the full-stage decoding of
+a residual stream made up here (``window_residual``): the window's codes and zero elsewhere
+(residual code 0 is exactly the anchor stage, I' = m << r), the expanded previews with the
+window's chunks exact. So no backend changes: the page takes the full-stage path.
+
 Previews are made once by the encoder (this torch code, for every backend: they cost a pass
 over 1/32 of the values) and expanded by a 256-entry table lookup. ``to_stream`` and
 ``from_stream`` move whole pages between the kernel layout (lynx_npu.ops) and the streams.
@@ -22,7 +29,10 @@ import functools
 
 import torch
 
-from .lynx_layout import SCALAR_DTYPE, PageLayout
+from .lynx_config import LynxConfig
+from .lynx_layout import (SCALAR_DTYPE, PageLayout, window_chunks, window_layout,
+                          window_start)
+from .packing import pack_bits, unpack_bits
 
 SIGMA_MIN_LOG2 = -14.0
 _SIGMA_STEPS = 254  # geometric steps between levels 1 and 255
@@ -101,3 +111,98 @@ def from_stream(anchor: torch.Tensor, residual: torch.Tensor | None, kernel: Pag
     for s in kernel.residual:
         r[:, s.offset:s.offset + s.nbytes] = _view(residual, stream, s.name)
     return a, r
+
+
+# -- the recent-token window ---------------------------------------------------------------------
+
+def _rows(codes: torch.Tensor, bits: int, h: int, tp: int, d: int) -> torch.Tensor:
+    """One page's packed [H, Tp, D] codes -> [H, Tp, D] int64 (signed)."""
+    return unpack_bits(codes, bits, h * tp * d, signed=True).view(h, tp, d)
+
+
+def _window_stats(stats: torch.Tensor, cfg: LynxConfig, which: str, h: int, tp: int, d: int,
+                  rows: int) -> torch.Tensor:
+    """[2, nc] stats of a page -> a view of the chunks holding its last ``rows`` rows."""
+    if cfg.axis(which) == "channel":
+        per = stats.view(2, h, -1, d)
+        return per[:, :, (tp - rows) // cfg.chunk_size:, :]
+    return stats.view(2, h, tp, -1)[:, :, tp - rows:, :]
+
+
+def _section(buf: torch.Tensor, lay: PageLayout, name: str) -> torch.Tensor:
+    s = lay.section(name)
+    return buf[s.offset:s.offset + s.nbytes]
+
+
+def window_tail(anchor: torch.Tensor, residual: torch.Tensor, stream: PageLayout,
+                cfg: LynxConfig, h: int, d: int, rows: int) -> torch.Tensor:
+    """A page's window (``rows`` > 0) from its stream buffers (1-D uint8) -> the bytes that
+    follow its anchor (from ``window_start``: zero padding first)."""
+    tp, r = stream.num_tokens, cfg.residual_bits
+    sections, end = window_layout(cfg, h, d, tp, rows)
+    pad = window_start(stream) - stream.anchor_nbytes
+    out = torch.zeros(pad + end, dtype=torch.uint8, device=anchor.device)
+    tail = out[pad:]
+    for s in sections:
+        dst = tail[s.offset:s.offset + s.nbytes]
+        if s.name == "window":
+            dst.copy_(torch.tensor(list(rows.to_bytes(4, "little")), dtype=torch.uint8))
+        elif s.name.endswith("_wres"):
+            codes = _rows(_section(residual, stream, s.name[0] + "_res"), r, h, tp, d)
+            dst.copy_(pack_bits(codes[:, tp - rows:].reshape(-1), r))
+        else:
+            stats = _section(residual, stream, s.name[0] + "_stats").view(SCALAR_DTYPE)
+            dst.copy_(_window_stats(stats, cfg, s.name[0], h, tp, d, rows)
+                      .contiguous().view(torch.uint8).reshape(-1))
+    return out
+
+
+def window_of(anchor: torch.Tensor, stream: PageLayout, cfg: LynxConfig, h: int,
+              d: int) -> int:
+    """The recent rows a received anchor buffer carries (0: none), checking its size: either
+    the stream layout's, or that plus the window it declares. Raises ValueError naming both."""
+    n, base = anchor.numel(), stream.anchor_nbytes
+    if n == base:
+        return 0
+    start = window_start(stream)
+    limit = min(cfg.recent_tokens, stream.num_tokens)
+    if not limit or n < start + 4:
+        raise ValueError(f"anchor page buffer has {n} bytes; the layout needs {base}"
+                         + (f" (or more, with a window of 1..{limit} recent rows)" if limit
+                            else ""))
+    rows = int.from_bytes(bytes(anchor[start:start + 4].tolist()), "little")
+    if not 1 <= rows <= limit:
+        raise ValueError(f"anchor page buffer declares a window of {rows} recent rows; this "
+                         f"page of {stream.num_tokens} tokens may carry 1..{limit}")
+    want = start + window_layout(cfg, h, d, stream.num_tokens, rows)[1]
+    if n != want:
+        raise ValueError(f"anchor page buffer has {n} bytes; with its window of {rows} recent "
+                         f"rows the layout needs {want}")
+    return rows
+
+
+def window_residual(anchor: torch.Tensor, stream: PageLayout, cfg: LynxConfig, h: int, d: int,
+                    rows: int) -> torch.Tensor:
+    """The residual stream that decodes a windowed page at the anchor stage (``anchor`` 1-D, its
+    window checked by ``window_of``): the window's codes and zero elsewhere; exact scalars = the
+    expanded previews, with the window's chunks exact."""
+    tp, r = stream.num_tokens, cfg.residual_bits
+    sections, _ = window_layout(cfg, h, d, tp, rows)
+    tail = anchor[window_start(stream):]
+    out = torch.zeros(stream.residual_nbytes, dtype=torch.uint8, device=anchor.device)
+    for which in "kv":
+        codes = torch.zeros(h, tp, d, dtype=torch.int64, device=anchor.device)
+        wres = next(s for s in sections if s.name == which + "_wres")
+        codes[:, tp - rows:] = unpack_bits(tail[wres.offset:wres.offset + wres.nbytes], r,
+                                           h * rows * d, signed=True).view(h, rows, d)
+        _section(out, stream, which + "_res").copy_(pack_bits(codes.reshape(-1), r))
+        if not cfg.scalar_preview:
+            continue  # the exact scalars are in the anchor already
+        u = _section(anchor, stream, which + "_preview").view(2, -1)
+        stats = expand(u)
+        wst = next(s for s in sections if s.name == which + "_wstats")
+        exact = tail[wst.offset:wst.offset + wst.nbytes].view(SCALAR_DTYPE)
+        view = _window_stats(stats, cfg, which, h, tp, d, rows)
+        view.copy_(exact.view(view.shape))
+        _section(out, stream, which + "_stats").copy_(stats.reshape(-1).view(torch.uint8))
+    return out

@@ -13,6 +13,8 @@ header has its own version (lynx_npu.wire.VERSION).
               scalar previews (a frame without "scalar_preview" meant True).
     format 2  every parameter explicit; lynx pages as lynx_layout.py and lynx_stream.py
               describe them, the baselines as baselines.py and cachegen.py do.
+    format 3  lynx's ``recent_tokens``: the page(s) holding a layer's last tokens carry their
+              residual codes and exact scalars after the anchor (lynx_layout.window_layout).
 
 Bump PAYLOAD_FORMAT whenever any codec's bytes, parameters or defaults change meaning, and
 regenerate the golden payloads (tests/wire/make_golden.py).
@@ -28,7 +30,7 @@ CODEC_IDS: dict[str, int] = {
     "bf16": 1, "int8": 2, "int4": 3, "kivi4": 4, "quantspec": 5, "cachegen": 6,
     "lynx-int4": 7, "lynx-int8": 8, "lynx": 9,
 }
-PAYLOAD_FORMAT = 2
+PAYLOAD_FORMAT = 3
 FORMAT_KEY = "payload_format"
 
 _FACTORIES: dict[str, Callable[..., Codec]] = {}

@@ -107,7 +107,7 @@ class LynxSerde(PageSerde):
     def __init__(self, codec, backend: str | None = None):
         super().__init__(codec, backend)
         self.config = codec.config
-        self.kernel_config = codec.config.replace(scalar_preview=False)
+        self.kernel_config = codec.config.kernel
         self._copiers: dict[str, DeviceCopier] = {}
 
     # -- sizes and backends --------------------------------------------------------------------

@@ -24,7 +24,7 @@ def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:
 
 def _codec(cfg) -> LynxCodec:
     # ops buffers are the kernel layout: scalar previews are the codec's stream format only
-    return LynxCodec(**dataclasses.asdict(cfg.replace(scalar_preview=False)))
+    return LynxCodec(**dataclasses.asdict(cfg.kernel))
 
 
 def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan):

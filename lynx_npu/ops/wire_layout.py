@@ -163,7 +163,7 @@ def layer_wire(variant: str, cfg: LynxConfig, num_kv_heads: int, num_tokens: int
         prev.append([_abs(pw, bases[p], 0, pw.previews[w]) if w in pw.previews else 0
                      for w in "kv"])
     table = torch.tensor(rows, dtype=torch.int64)
-    plan = LayerPlan(cfg.replace(scalar_preview=False), num_kv_heads, num_tokens, head_dim,
+    plan = LayerPlan(cfg.kernel, num_kv_heads, num_tokens, head_dim,
                      dtype, (), _up(off, 16), _up(off, 16), table)
     previews = torch.tensor(prev, dtype=torch.int64) if pages[0].previews else None
     return LayerWire(variant, cfg, num_kv_heads, num_tokens, head_dim, dtype, pages,

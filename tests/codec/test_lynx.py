@@ -5,7 +5,8 @@ from hypothesis import given, settings, strategies as st
 import lynx_npu
 from lynx_npu.codec import lynx_ref, lynx_tables
 from lynx_npu.codec.lynx_config import LynxConfig
-from lynx_npu.codec.lynx_layout import stream_layout, page_layout, page_spans
+from lynx_npu.codec.lynx_layout import (page_layout, page_spans, stream_layout, window_nbytes,
+                                        window_rows)
 
 from .lynx_oracle import oracle_quantize
 
@@ -88,7 +89,9 @@ def test_ragged_roundtrip_and_sizes(tokens, dtype):
     cfg = codec.config
     spans = page_spans(cfg, tokens)
     lays = [stream_layout(cfg, 3, 64, dtype, s.num_tokens, s.num_sink) for s in spans]
-    assert enc.nbytes("anchor") == sum(lay.anchor_nbytes for lay in lays)
+    windows = [window_nbytes(cfg, lay, 3, 64, window_rows(cfg, s.body_start, s.token_end, tokens))
+               for s, lay in zip(spans, lays)]
+    assert enc.nbytes("anchor") == sum(lay.anchor_nbytes for lay in lays) + sum(windows)
     assert enc.nbytes("full") == enc.nbytes("anchor") + sum(lay.residual_nbytes for lay in lays)
     ka, va = codec.decode(enc, "anchor")
     kf, vf = codec.decode(enc, "full")
@@ -159,23 +162,28 @@ def test_anchor_wire_budget_at_4k_tokens():
     assert exact.bits_per_value("anchor") <= 5.25
     assert exact.bits_per_value("full") <= 9.25
     # previews move 2 of every 4 scalar bytes from the anchor; the residual takes all 4
+    enc = lynx_npu.get_codec("lynx", recent_tokens=0).encode(k, v)
+    exact = lynx_npu.get_codec("lynx", scalar_preview=False, recent_tokens=0).encode(k, v)
     moved = exact.nbytes("anchor") - enc.nbytes("anchor")
     assert moved > 0 and enc.nbytes("full") - exact.nbytes("full") == pytest.approx(moved, rel=0.01)
 
 
 def test_variants_share_the_bytes():
     k, v = kv(t=300)
-    full = lynx_npu.get_codec("lynx", scalar_preview=False).encode(k, v)
+    full = lynx_npu.get_codec("lynx", scalar_preview=False, recent_tokens=0).encode(k, v)
     int4 = lynx_npu.get_codec("lynx-int4").encode(k, v)
     int8 = lynx_npu.get_codec("lynx-int8").encode(k, v)
     assert int4.nbytes("anchor") == full.nbytes("anchor")
     assert int8.nbytes("full") == full.nbytes("full")
     assert torch.equal(lynx_npu.get_codec("lynx-int4").decode(int4, "anchor")[0],
-                       lynx_npu.get_codec("lynx", scalar_preview=False).decode(full, "anchor")[0])
+                       lynx_npu.get_codec("lynx", scalar_preview=False,
+                                          recent_tokens=0).decode(full, "anchor")[0])
     with pytest.raises(ValueError, match="stage"):
         lynx_npu.get_codec("lynx-int4").decode(int4, "full")
     with pytest.raises(ValueError, match="scalar_preview=True needs the split codec"):
         lynx_npu.get_codec("lynx-int8", scalar_preview=True)
+    with pytest.raises(ValueError, match="recent_tokens=32 needs the split codec"):
+        lynx_npu.get_codec("lynx-int4", recent_tokens=32)
 
 
 @pytest.mark.parametrize("tokens", [5, 300, 1000])
@@ -183,12 +191,12 @@ def test_scalar_previews_change_the_anchor_stage_only(tokens):
     """get_codec("lynx") sends 8-bit previews of mu / sigma first: the full stage is bit for
     bit the one-stream lynx-int8's, the anchor stage is close to the exact-scalar anchor."""
     k, v = kv(t=tokens, seed=tokens)
-    split = lynx_npu.get_codec("lynx")
-    assert split.config.scalar_preview
+    assert lynx_npu.get_codec("lynx").config.scalar_preview
     assert not lynx_npu.get_codec("lynx", preset="paper").config.scalar_preview
+    split = lynx_npu.get_codec("lynx", recent_tokens=0)  # the window: tests below
     enc = split.encode(k, v)
     int8 = lynx_npu.get_codec("lynx-int8")
-    exact = lynx_npu.get_codec("lynx", scalar_preview=False)
+    exact = lynx_npu.get_codec("lynx", scalar_preview=False, recent_tokens=0)
     enc_exact = exact.encode(k, v)
     for x, y in zip(split.decode(enc, "full"), int8.decode(int8.encode(k, v), "full")):
         assert torch.equal(x, y)
