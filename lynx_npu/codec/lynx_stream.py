@@ -30,8 +30,7 @@ import functools
 import torch
 
 from .lynx_config import LynxConfig
-from .lynx_layout import (SCALAR_DTYPE, PageLayout, window_chunks, window_layout,
-                          window_start)
+from .lynx_layout import SCALAR_DTYPE, PageLayout, window_layout, window_start
 from .packing import pack_bits, unpack_bits
 
 SIGMA_MIN_LOG2 = -14.0

@@ -32,7 +32,9 @@ import torch
 
 from lynx_npu.codec.base import validate_kv
 from lynx_npu.codec.lynx_layout import SCALAR_DTYPE
-from lynx_npu.codec.lynx_stream import preview, preview_levels
+from lynx_npu.codec.lynx_layout import stream_layout
+from lynx_npu.codec.lynx_stream import (preview, preview_levels, window_of, window_residual,
+                                        window_tail)
 
 from . import backends, value_flags
 from .api import _check_kv, _check_slots
@@ -302,13 +304,21 @@ class LynxSerde(PageSerde):
 
     @staticmethod
     def _pages(raw: np.ndarray, base: int, lw: LayerWire, backend: str, ready) -> EncodedLayer:
-        """The wire pages of the layer at ``raw[base:]`` (views: nothing is read yet)."""
+        """The wire pages of the layer at ``raw[base:]`` (views: nothing is read yet; the
+        recent-token windows are filled in once the bytes have landed)."""
         pages, whole = [], memoryview(raw)  # slices of one view: no buffer export each
         for p, pw in enumerate(lw.pages):
             frames = [whole[base + o:base + o + n] for o, n in
                       (lw.frame(p, f) for f in range(len(pw.frames)))]
             pages.append(WirePage(p, pw.span.token_start, pw.span.token_end, frames[0],
                                   frames[1] if len(frames) > 1 else None))
+        if any(pw.window[0] for pw in lw.pages):
+            landed = ready
+
+            def ready():
+                if landed is not None:
+                    landed()
+                _fill_windows(raw, base, lw)
         return EncodedLayer(pages, backend, ready)
 
     def _reference(self, k, v, backend: str) -> EncodedLayer:
@@ -406,10 +416,18 @@ class LynxSerde(PageSerde):
         """Check the pages' sizes and copy their frames into one buffer on ``device``."""
         cfg, placed, off = self.config, [], 0
         for p in pages:
-            pw = page_wire(self.name, cfg, num_kv_heads, head_dim, dtype,
-                           received_span(cfg, p.token_start, p.token_end))
+            span = received_span(cfg, p.token_start, p.token_end)
             frames = [as_bytes(p.anchor)]
-            if len(pw.frames) > 1 and p.residual is not None:
+            try:
+                rows = self._window_of(frames[0], span, num_kv_heads, head_dim, dtype)
+            except ValueError as e:
+                raise ValueError(f"anchor frame of page [{p.token_start}, {p.token_end}): "
+                                 f"{e}") from None
+            pw = page_wire(self.name, cfg, num_kv_heads, head_dim, dtype, span, rows)
+            if rows and p.residual is None:  # anchor stage: the full path, on a made-up residual
+                frames.append(memoryview(self._window_residual(
+                    frames[0], span, num_kv_heads, head_dim, dtype, rows)).cast("B"))
+            elif len(pw.frames) > 1 and p.residual is not None:
                 frames.append(as_bytes(p.residual))
             elif len(pw.frames) == 1 and p.residual is not None:
                 raise ValueError(f"{self.name} sends one stream; page [{p.token_start}, "
@@ -452,6 +470,21 @@ class LynxSerde(PageSerde):
                              buf.numel(), buf.numel(), torch.tensor(r, dtype=torch.int64)),
                    full, page_layers[full]) for full, r in rows.items() if r]
         return StagedPages(buf, groups, list(pages), relative, end)
+
+    def _window_of(self, anchor: memoryview, span, h: int, d: int, dtype) -> int:
+        """The recent rows a received anchor frame carries (0 without ``recent_tokens``);
+        its size is checked against them (a ValueError names both)."""
+        if self.name != "lynx" or not self.config.recent_tokens:
+            return 0
+        slay = stream_layout(self.config, h, d, dtype, span.num_tokens, span.num_sink)
+        if len(anchor) == slay.anchor_nbytes:
+            return 0  # no window: nothing to read (the common page)
+        return window_of(_host_copy(anchor), slay, self.config, h, d)
+
+    def _window_residual(self, anchor: memoryview, span, h: int, d: int, dtype,
+                         rows: int) -> np.ndarray:
+        slay = stream_layout(self.config, h, d, dtype, span.num_tokens, span.num_sink)
+        return window_residual(_host_copy(anchor), slay, self.config, h, d, rows).numpy()
 
     def _host_buffer(self, nbytes: int, device) -> torch.Tensor:
         from .staging import host_buffer
@@ -549,3 +582,22 @@ def _write_previews_host(raw: np.ndarray, lw: LayerWire) -> None:
             dst = strided(raw[dst0:], (count, 2, nc), (d_step, nc, 1))
             dst[:, 0] = tab[0][bits[:, 0]]
             dst[:, 1] = tab[1][bits[:, 1]]
+
+
+def _host_copy(data: memoryview) -> torch.Tensor:
+    """A writable uint8 tensor copy of received bytes (they may be read-only)."""
+    return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+
+
+def _fill_windows(raw: np.ndarray, base: int, lw: LayerWire) -> None:
+    """Write each windowed page's window (lynx_stream.window_tail) from its landed frames."""
+    cfg, h, d = lw.config, lw.num_kv_heads, lw.head_dim
+    for p, pw in enumerate(lw.pages):
+        rows, start = pw.window
+        if not rows:
+            continue
+        (oa, na), (orr, nr) = lw.frame(p, 0), lw.frame(p, 1)
+        anchor = torch.from_numpy(raw[base + oa:base + oa + na])
+        residual = torch.from_numpy(raw[base + orr:base + orr + nr])
+        slay = stream_layout(cfg, h, d, lw.dtype, pw.span.num_tokens, pw.span.num_sink)
+        anchor[start:] = window_tail(anchor[:start], residual, slay, cfg, h, d, rows)

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import torch
 
 from lynx_npu.codec.lynx_config import LynxConfig
-from lynx_npu.codec.lynx_layout import PageSpan, page_layout, page_sinks, page_spans, stream_layout
+from lynx_npu.codec.lynx_layout import (PageSpan, page_layout, page_sinks, page_spans,
+                                        stream_layout, window_nbytes, window_rows)
 
 from .plan import (F_BODY0, F_NUM_BODY, F_NUM_SINK, F_PADS, F_SECTION, F_TOKEN0, NUM_FIELDS,
                    NUM_PADS, SECTIONS, LayerPlan)
@@ -49,18 +50,23 @@ class PageWire:
     stats_nbytes: dict                            # "k"/"v" -> bytes of the exact stats
     scratch_nbytes: int                           # unsent bytes the kernels still write
     pads: tuple[tuple[int, int, int], ...]        # (frame, offset, length) of zero gaps
+    window: tuple[int, int] = (0, 0)              # recent rows, their window's anchor offset
 
 
 @functools.lru_cache(maxsize=4096)
 def page_wire(variant: str, cfg: LynxConfig, num_kv_heads: int, head_dim: int,
-              dtype: torch.dtype, span: PageSpan) -> PageWire:
+              dtype: torch.dtype, span: PageSpan, rows: int = 0) -> PageWire:
+    """``rows``: the page's recent rows (``recent_tokens``), whose window follows the anchor
+    frame's sections; the kernels do not write it (LynxSerde fills it once staged)."""
     if variant not in VARIANTS:
         raise ValueError(f"{variant=} must be one of {VARIANTS}")
     kl = page_layout(cfg, num_kv_heads, head_dim, dtype, span.num_tokens, span.num_sink)
-    sections, previews, scratch = {}, {}, 0
+    sections, previews, scratch, window = {}, {}, 0, (0, 0)
     if variant == "lynx":
         sl = stream_layout(cfg, num_kv_heads, head_dim, dtype, span.num_tokens, span.num_sink)
-        frames = (sl.anchor_nbytes, sl.residual_nbytes)
+        extra = window_nbytes(cfg, sl, num_kv_heads, head_dim, rows)
+        frames = (sl.anchor_nbytes + extra, sl.residual_nbytes)
+        window = (rows, sl.anchor_nbytes) if rows else window
         for fi, secs in ((0, sl.anchor), (1, sl.residual)):
             for s in secs:
                 if s.name.endswith("_preview"):
@@ -79,6 +85,8 @@ def page_wire(variant: str, cfg: LynxConfig, num_kv_heads: int, head_dim: int,
     sizes = {s.name: s.nbytes for s in kl.anchor + kl.residual}
     written = [(f, o, sizes[n]) for n, (f, o) in sections.items() if f != SCRATCH]
     written += [(f, o, sizes[w + "_stats"] // 2) for w, (f, o) in previews.items()]
+    if window[0]:
+        written.append((0, window[1], frames[0] - window[1]))
     pads = []
     for fi, size in enumerate(frames):
         end = 0
@@ -88,7 +96,7 @@ def page_wire(variant: str, cfg: LynxConfig, num_kv_heads: int, head_dim: int,
             end = max(end, o + n)
         assert end == size, (variant, fi, end, size)
     return PageWire(span, frames, sections, previews,
-                    {w: sizes[w + "_stats"] for w in "kv"}, scratch, tuple(pads))
+                    {w: sizes[w + "_stats"] for w in "kv"}, scratch, tuple(pads), window)
 
 
 @dataclass(frozen=True)
@@ -134,7 +142,9 @@ def layer_wire(variant: str, cfg: LynxConfig, num_kv_heads: int, num_tokens: int
     if num_kv_heads < 1 or num_tokens < 1 or head_dim < 1:
         raise ValueError(f"layer shape [{num_kv_heads=}, {num_tokens=}, {head_dim=}] must be "
                          "positive")
-    pages = tuple(page_wire(variant, cfg, num_kv_heads, head_dim, dtype, s)
+    pages = tuple(page_wire(variant, cfg, num_kv_heads, head_dim, dtype, s,
+                            window_rows(cfg, s.body_start, s.token_end, num_tokens)
+                            if variant == "lynx" else 0)
                   for s in page_spans(cfg, num_tokens))
     nframes = len(pages[0].frames)
     bases, off = [[0] * nframes for _ in pages], 0

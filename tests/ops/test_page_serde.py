@@ -25,7 +25,7 @@ def _needs_cpu_backend():
 
 
 @pytest.mark.parametrize("name", LYNX + BASELINES)
-@pytest.mark.parametrize("t", [3, 64, 150, 301])
+@pytest.mark.parametrize("t", [3, 64, 150, 301, 2569])  # 2569: a window over two pages
 def test_dense_encode_gives_encode_pages_bytes(name, t):
     codec = small_codec(name)
     k, v = random_kv(2, t, 32, torch.bfloat16, seed=t)
@@ -62,6 +62,13 @@ def test_encode_from_every_cache_layout(layout, order, name):
 def test_decode_into_every_cache_layout(layout, name, stage):
     used = check_decode_into(name, layout, stage, "cpu")
     assert used == ("cpu" if name in LYNX else "reference")
+
+
+@pytest.mark.parametrize("stage", ["anchor", "full"])
+def test_a_window_over_two_pages_decodes_as_the_codec(stage):
+    """2569 tokens in pages of 64: the window of 32 is the last 5 rows of one page and 27 of
+    the one before; at the anchor stage both take the full-stage path on a made-up residual."""
+    assert check_decode_into("lynx", "vllm_cpu", stage, "cpu", t=2569) == "cpu"
 
 
 @pytest.mark.parametrize("name", LYNX + BASELINES)
@@ -101,10 +108,17 @@ def test_bad_pages_are_named():
     codec = small_codec("lynx")
     k, v = random_kv(2, 100, 32, torch.bfloat16)
     serde = serde_for(codec)
-    p = serde.encode(k, v).wait().pages[1]
+    p = serde.encode(k, v).wait().pages[0]
     kw = dict(num_kv_heads=2, head_dim=32, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"anchor frame .* has \d+ bytes; lynx needs"):
+    with pytest.raises(ValueError, match=r"anchor frame of page \[0, 68\): anchor page buffer "
+                                         r"has \d+ bytes; the layout needs \d+ \(or more"):
         serde.decode_page(p.anchor[:-1], None, p.token_start, p.token_end, **kw)
+    last = serde_for(small_codec("lynx")).encode(*random_kv(2, 2000, 32, torch.bfloat16)).wait()
+    q = last.pages[-1]  # the last 12 of the window of 31 tokens (2000 // 64)
+    with pytest.raises(ValueError, match=r"anchor frame of page \[1988, 2000\): anchor page "
+                                         r"buffer has \d+ bytes; with its window of 12 recent "
+                                         r"rows the layout needs \d+"):
+        serde.decode_page(q.anchor[:-1], None, q.token_start, q.token_end, **kw)
     with pytest.raises(ValueError, match="residual frame"):
         serde.decode_page(p.anchor, p.residual[1:], p.token_start, p.token_end, **kw)
     with pytest.raises(ValueError, match="one stream"):

@@ -1,5 +1,5 @@
 """Golden payloads: real ``get_codec(...).encode_pages`` output on a small fixed KV, frozen as
-payload format 2 (lynx_npu.codec.registry.PAYLOAD_FORMAT) in frame format 3.
+payload format 3 (lynx_npu.codec.registry.PAYLOAD_FORMAT) in frame format 3.
 
 For every case, tests/wire/make_golden.py writes to golden/payload/:
 
@@ -34,6 +34,7 @@ class Case:
     codec: str
     dtype: torch.dtype
     overrides: dict = field(default_factory=dict)
+    shape: tuple[int, int, int] = SHAPE
 
     def build(self):
         return lynx_npu.get_codec(self.codec, **self.overrides)
@@ -43,6 +44,9 @@ CASES: dict[str, Case] = {
     "lynx": Case("lynx", torch.bfloat16),                              # get_codec("lynx")
     "lynx_paper": Case("lynx", torch.bfloat16, {"preset": "paper"}),
     "lynx_pages": Case("lynx", torch.bfloat16, {"page_size": 16, "chunk_size": 8}),  # 3 pages
+    # 1033 tokens: a recent-token window of 16 (1033 // 64), 11 rows in one page, 5 in the last
+    "lynx_window": Case("lynx", torch.bfloat16, {"page_size": 64, "chunk_size": 16},
+                        (1, 1033, 8)),
     "lynx_int4": Case("lynx-int4", torch.bfloat16),
     "lynx_int8": Case("lynx-int8", torch.float16),
     "int8": Case("int8", torch.float16),
@@ -54,10 +58,10 @@ CASES: dict[str, Case] = {
 }
 
 
-def make_kv(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def make_kv(dtype: torch.dtype, shape=SHAPE) -> tuple[torch.Tensor, torch.Tensor]:
     """K with per-channel scales and offsets and a large first token (a sink), Laplacian V."""
     rng = np.random.RandomState(SEED)
-    h, t, d = SHAPE
+    h, t, d = shape
     k = rng.standard_normal((h, t, d)) * rng.uniform(0.5, 3.0, (h, 1, d)) \
         + 2 * rng.standard_normal((h, 1, d))
     k[:, 0] *= 8
@@ -68,7 +72,7 @@ def make_kv(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
 def encode_case(case: Case) -> bytes:
     """The frames of the case's layer, back to back, as the Sender builds them."""
     codec = case.build()
-    k, v = make_kv(case.dtype)
+    k, v = make_kv(case.dtype, case.shape)
     h, t, d = k.shape
     params = params_to_json(wire_params(codec))
     out = []

@@ -1,4 +1,4 @@
-"""Payload format 2 is frozen: real codec output on a fixed KV (golden_payloads.py) must be
+"""Payload format 3 is frozen: real codec output on a fixed KV (golden_payloads.py) must be
 the committed frames byte for byte, and the committed frames must decode, through a codec
 rebuilt from their parameters alone, to the committed expectation. A failure means a codec's
 bytes or defaults changed: bump PAYLOAD_FORMAT (lynx_npu/codec/registry.py) and regenerate
@@ -33,7 +33,7 @@ def test_decoder_gives_the_committed_expectation(name):
     decoded = decode_frames((PAYLOAD / f"{name}.frames.bin").read_bytes())
     assert expectation_bytes(decoded) == (PAYLOAD / f"{name}.expect.bin").read_bytes()
     # ...and the expectation is a reconstruction of the KV, not any fixed bytes.
-    k, v = make_kv(case.dtype)
+    k, v = make_kv(case.dtype, case.shape)
     for stage, k_hat, v_hat in decoded:
         for x, x_hat in ((k, k_hat), (v, v_hat)):
             err = (x.float() - x_hat.float()).norm() / x.float().norm()
