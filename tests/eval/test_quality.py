@@ -40,9 +40,10 @@ def test_last_stage_is_lynx_full_and_lynx_int4_anchor():
     full = quality.reconstruct_last_stage(lynx_npu.get_codec("lynx"), layers)
     want = accept.reconstruct(lynx_npu.get_codec("lynx"), layers, ("full",)).stages["full"]
     assert torch.equal(full[0][0], want[0][0]) and torch.equal(full[0][1], want[0][1])
-    # lynx-int4 sends lynx's anchor with exact scalars (lynx's own anchor has 1-byte previews)
+    # lynx-int4 sends lynx's anchor with exact scalars and no window (lynx's own anchor has
+    # 1-byte previews and the recent tokens at full precision)
     anchor = quality.reconstruct_last_stage(lynx_npu.get_codec("lynx-int4"), layers)
-    exact_scalars = lynx_npu.get_codec("lynx", scalar_preview=False)
+    exact_scalars = lynx_npu.get_codec("lynx", scalar_preview=False, recent_tokens=0)
     want = accept.reconstruct(exact_scalars, layers, ("anchor",)).stages["anchor"]
     assert torch.equal(anchor[0][0], want[0][0]) and torch.equal(anchor[0][1], want[0][1])
 
