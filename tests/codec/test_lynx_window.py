@@ -29,7 +29,7 @@ def test_the_window_restores_the_last_tokens_at_the_anchor_stage(tokens, page_si
     win, plain = codecs(page_size=page_size)
     k, v = kv(tokens, seed=tokens)
     w = recent_window(win.config, tokens)
-    assert w == min(32, tokens // RECENT_SHARE) > 0
+    assert w == 32  # every layer of 32 x 64 = 2048 tokens or more
     enc, enc0 = win.encode(k, v), plain.encode(k, v)
     full, full0 = win.decode(enc, "full"), plain.decode(enc0, "full")
     anchor, anchor0 = win.decode(enc, "anchor"), plain.decode(enc0, "anchor")
@@ -70,10 +70,18 @@ def test_the_window_may_span_two_pages_and_pages_decode_alone():
             assert torch.equal(pv, whole[1][:, p.token_start:p.token_end])
 
 
-def test_short_layers_and_the_paper_preset_have_no_window():
+def test_layers_under_64_windows_and_the_paper_preset_have_none():
+    """A window costs ~5.5 bits per value: it is sent only where it is at most a 64th of the
+    layer, so that the anchor stays within 4.75 bits per value."""
     codec, plain = codecs()
-    k, v = kv(RECENT_SHARE - 1)
-    assert torch.equal(codec.encode(k, v).anchor, plain.encode(k, v).anchor)
+    k, v = kv(32 * RECENT_SHARE)
+    assert recent_window(codec.config, 32 * RECENT_SHARE - 1) == 0
+    assert recent_window(codec.config, 32 * RECENT_SHARE) == 32
+    assert torch.equal(codec.encode(k[:, :-1], v[:, :-1]).anchor,
+                       plain.encode(k[:, :-1], v[:, :-1]).anchor)
+    enc = codec.encode(k, v)
+    assert enc.nbytes("anchor") > plain.encode(k, v).nbytes("anchor")
+    assert enc.bits_per_value("anchor") <= 4.75
     assert lynx_npu.get_codec("lynx", preset="paper").config.recent_tokens == 0
     assert codec.config.recent_tokens == 32
     with pytest.raises(ValueError, match=r"recent_tokens=-1 must be in \[0, 1048576\]"):

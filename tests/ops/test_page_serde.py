@@ -113,10 +113,10 @@ def test_bad_pages_are_named():
     with pytest.raises(ValueError, match=r"anchor frame of page \[0, 68\): anchor page buffer "
                                          r"has \d+ bytes; the layout needs \d+ \(or more"):
         serde.decode_page(p.anchor[:-1], None, p.token_start, p.token_end, **kw)
-    last = serde_for(small_codec("lynx")).encode(*random_kv(2, 2000, 32, torch.bfloat16)).wait()
-    q = last.pages[-1]  # the last 12 of the window of 31 tokens (2000 // 64)
-    with pytest.raises(ValueError, match=r"anchor frame of page \[1988, 2000\): anchor page "
-                                         r"buffer has \d+ bytes; with its window of 12 recent "
+    last = serde_for(small_codec("lynx")).encode(*random_kv(2, 2100, 32, torch.bfloat16)).wait()
+    q = last.pages[-1]  # 48 tokens, the last 32 of them the recent-token window
+    with pytest.raises(ValueError, match=r"anchor frame of page \[2052, 2100\): anchor page "
+                                         r"buffer has \d+ bytes; with its window of 32 recent "
                                          r"rows the layout needs \d+"):
         serde.decode_page(q.anchor[:-1], None, q.token_start, q.token_end, **kw)
     with pytest.raises(ValueError, match="residual frame"):
@@ -132,6 +132,12 @@ def test_bad_pages_are_named():
 @pytest.mark.parametrize("name", ["lynx", "lynx-int8", "int8"])
 def test_every_layer_of_a_request(name):
     assert check_request(name, "vllm_cpu", "cpu") == ("cpu" if name in LYNX else "reference")
+
+
+def test_every_layer_of_a_request_with_its_window():
+    """One launch for all layers, staged once: each layer's windows are filled from its own
+    frames, and the anchor-only layers decode them (2100 tokens: a window of 32)."""
+    assert check_request("lynx", "vllm_cpu", "cpu", num_layers=2, t=2100) == "cpu"
 
 
 @pytest.mark.parametrize("name,stage", [("lynx", "anchor"), ("lynx", "full"),

@@ -44,9 +44,9 @@ CASES: dict[str, Case] = {
     "lynx": Case("lynx", torch.bfloat16),                              # get_codec("lynx")
     "lynx_paper": Case("lynx", torch.bfloat16, {"preset": "paper"}),
     "lynx_pages": Case("lynx", torch.bfloat16, {"page_size": 16, "chunk_size": 8}),  # 3 pages
-    # 1033 tokens: a recent-token window of 16 (1033 // 64), 11 rows in one page, 5 in the last
-    "lynx_window": Case("lynx", torch.bfloat16, {"page_size": 64, "chunk_size": 16},
-                        (1, 1033, 8)),
+    # 1033 tokens (>= 64 x 16): a recent-token window of 16, 11 rows in one page, 5 in the last
+    "lynx_window": Case("lynx", torch.bfloat16, {"page_size": 64, "chunk_size": 16,
+                                                 "recent_tokens": 16}, (1, 1033, 8)),
     "lynx_int4": Case("lynx-int4", torch.bfloat16),
     "lynx_int8": Case("lynx-int8", torch.float16),
     "int8": Case("int8", torch.float16),
