@@ -16,7 +16,7 @@ import numpy as np
 from lynx_npu.eval import bench_kernels
 from lynx_npu.ops import tables
 
-CURRENT = tables.anchor_signed_levels
+CURRENT = getattr(tables, "anchor_signed_levels", None)  # defined by the patch
 
 
 def today(alpha: float, y_max: int, anchor_bits: int) -> np.ndarray:
@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
+    if CURRENT is None:
+        raise SystemExit("apply docs/experiments/anchor_zero.patch first (see the docstring)")
     out = pathlib.Path(args.out)
     for r in range(args.rounds):
         for name, fn in (("signed_zero", CURRENT), ("today", today)):
