@@ -18,7 +18,8 @@ default anchor against the anchor whose ``k`` top-ranked layers (from ``--order`
         [every other option of lynx eval accept: --workloads, --prompts, --json, ...]
 
 Phase 3 (``--accept``): ``lynx eval accept`` with codecs ``lynx+L{k}`` (the top ``k`` layers of
-``--order`` from ``lynx:anchor_bits=5``, both stages, the other layers from ``lynx``).
+``--order`` from ``lynx:anchor_bits=5``, both stages, the other layers from ``lynx``; with
+``--part k``, ``lynx+L{k}K``: only those layers' K from it).
 
 Results: docs/codec.md "Where the anchor's KL sits, by layer".
 """
@@ -51,19 +52,49 @@ def _prompts(loaded, paths, workload: str, which: str):
             if p[0] not in tested][:8]
 
 
-class LayerBits:
-    """``lynx`` with the 5 + 3 split in ``layers`` (the accept harness asks ``for_layer``)."""
+class _Pair:
+    """Both codecs' encodings of one layer; bytes: the base's plus ``share`` of the difference."""
 
-    def __init__(self, layers):
-        self.layers = set(layers)
+    def __init__(self, base, five, share: float):
+        self.base, self.five, self.share = base, five, share
+
+    def nbytes(self, stage: str) -> int:
+        b = self.base.nbytes(stage)
+        return b + round(self.share * (self.five.nbytes(stage) - b))
+
+
+class PartWide:
+    """One layer's codec: K or V (``part``) from the 5 + 3 split, the other from the default."""
+
+    def __init__(self, base, five, part: str):
+        self.base, self.five, self.part = base, five, part
+        self.name, self.stages = base.name, base.stages
+
+    def encode(self, k, v):
+        return _Pair(self.base.encode(k, v), self.five.encode(k, v), 0.5)
+
+    def decode(self, enc: _Pair, stage: str):
+        kb, vb = self.base.decode(enc.base, stage=stage)
+        kf, vf = self.five.decode(enc.five, stage=stage)
+        return (kf, vb) if self.part == "k" else (kb, vf)
+
+
+class LayerBits:
+    """``lynx`` with the 5 + 3 split in ``layers`` (K and V, or ``part`` alone); the accept
+    harness asks ``for_layer``."""
+
+    def __init__(self, layers, part: str = "kv"):
+        self.layers, self.part = set(layers), part
         self.base, self.five = lynx_npu.get_codec("lynx"), lynx_npu.get_codec("lynx", anchor_bits=5)
         self.name, self.stages = self.base.name, self.base.stages
+        self.wide = self.five if part == "kv" else PartWide(self.base, self.five, part)
 
     def params(self) -> dict:
-        return {**self.base.params(), "anchor_bits_5_layers": sorted(self.layers)}
+        return {**self.base.params(), "anchor_bits_5_layers": sorted(self.layers),
+                "anchor_bits_5_part": self.part}
 
     def for_layer(self, index: int, num_layers: int):
-        return self.five if index in self.layers else self.base
+        return self.wide if index in self.layers else self.base
 
 
 def _kl(model, reference, variants, fed, batch: int = 8) -> list[float]:
@@ -81,6 +112,9 @@ def main() -> int:
     mode.add_argument("--accept", action="store_true")
     p.add_argument("--order", default="", help="layers, most sensitive first (phase 2)")
     p.add_argument("--ks", default="1,2,3")
+    p.add_argument("--part", choices=("kv", "k", "v"), default="kv",
+                   help="--test: widen K and V of those layers, or only K, or only V (bits "
+                        "charged: half the layer's difference for one part)")
     p.add_argument("--workloads", default="qmsum,mmlu_pro")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
@@ -90,7 +124,8 @@ def main() -> int:
         sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
         from recent_window_probe import _Spec, run_accept
         order = [int(x) for x in args.order.split(",") if x]
-        specs = [_Spec(f"lynx+L{k}", lambda k=k: LayerBits(order[:k]))
+        tag = "" if args.part == "kv" else args.part.upper()
+        specs = [_Spec(f"lynx+L{k}{tag}", lambda k=k: LayerBits(order[:k], args.part))
                  for k in (int(x) for x in args.ks.split(",") if x)]
         rest += ["--workloads", args.workloads, "--threads", str(args.threads),
                  "--new-tokens", str(args.new_tokens)] + (["--json", args.json] if args.json else [])
@@ -127,17 +162,23 @@ def main() -> int:
             else:
                 five = prep.variants["lynx5", "anchor"]
                 b4, b5 = prep.bits["lynx"]["anchor"], prep.bits["lynx5"]["anchor"]
-                variants = [anchor] + [[five[i] if i in order[:k] else anchor[i]
+                def widen(i):
+                    if args.part == "kv":
+                        return five[i]
+                    return (five[i][0], anchor[i][1]) if args.part == "k" else \
+                        (anchor[i][0], five[i][1])
+                share = 1.0 if args.part == "kv" else 0.5   # K and V have as many values
+                variants = [anchor] + [[widen(i) if i in order[:k] else anchor[i]
                                         for i in range(len(exact))] for k in ks]
                 kl = _kl(loaded.model, exact, variants, fed)
                 nl = len(exact)
                 row.update(kl={"default": kl[0], **{f"top{k}": v for k, v in zip(ks, kl[1:])}},
-                           bits={"default": b4, **{f"top{k}": b4 + k * (b5 - b4) / nl
+                           bits={"default": b4, **{f"top{k}": b4 + share * k * (b5 - b4) / nl
                                                    for k in ks}})
                 note = ", ".join(f"{k} {v:.2e}" for k, v in row["kl"].items())
             rows.append(row)
             print(f"{workload} {n}/{len(prompts)} {pid}: {note}", flush=True)
-    report = {"mode": "rank" if args.rank else "test", "rows": rows,
+    report = {"mode": "rank" if args.rank else "test", "part": args.part, "rows": rows,
               "total_s": time.perf_counter() - t0}
     if args.rank:
         nl = len(rows[0]["per_layer"])
