@@ -3,7 +3,8 @@
 ``supports`` / ``compress`` / ``decompress`` follow ops/torch_backend.py. The launchers check
 devices, dtypes and the layout before launching; block sizes derive from the config:
 BT = next power of two >= page_size tokens per program, BD channels per program (a multiple of
-the chunk along head_dim on the token axis), so one program's tile stays in registers.
+the chunk along head_dim on the token axis), so one program's tile stays in registers. K and V
+are separate launches, each with its own chunk (``cfg.chunk(which)``: chunk_size, v_chunk_size).
 Every launch passes ``enable_fp_fusion=False``: the reference rounds each multiply and add.
 """
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _blocks(cfg, head_dim: int, which: str) -> dict:
 @functools.lru_cache(maxsize=256)  # ops.compress runs this on every call (host time)
 def _blocks_for(cfg, head_dim: int, which: str, tune_bd, tune_warps, tune_rpt) -> dict:
     bt = _pow2(cfg.page_size)
-    c = cfg.chunk_size
+    c = cfg.chunk(which)
     token = cfg.axis(which) == "token"
     tune = {"BD": tune_bd, "num_warps": tune_warps, "RPT": tune_rpt}
     # Measured on an H100 (docs/benchmarks.md, python -m lynx_npu.gpu.tune). With the
@@ -106,10 +107,10 @@ def _decode_blocks(cfg, head_dim: int, which: str) -> dict:
     g = _pow2(head_dim) // 8
     tb = tune["TB"] or max(8, 4096 // (8 * g))
     if not b["TOKEN_AXIS"]:
-        tb = min(tb, cfg.chunk_size)
+        tb = min(tb, b["C"])
     tb = min(tb, b["BT"])
     return {"TOKEN_AXIS": b["TOKEN_AXIS"], "TB": tb, "NTB": triton.cdiv(b["BT"], tb), "G": g,
-            "C": cfg.chunk_size, "EVEN_D": head_dim == 8 * g,
+            "C": b["C"], "EVEN_D": head_dim == 8 * g,
             "num_warps": tune["num_warps"] or 4}
 
 
@@ -161,22 +162,24 @@ def _supports(cfg, head_dim: int, dtype, *tuning) -> str | None:
             log_search(float(alpha), cfg.y_max, cfg.bias)
         except ValueError as e:
             return str(e)
-    c = cfg.chunk_size
-    if c & (c - 1):
-        return f"chunk_size={c} must be a power of two"
     if cfg.page_size > MAX_PAGE:
         return f"page_size={cfg.page_size} must be <= {MAX_PAGE}"
-    for which in "kv":
+    for which in "kv":  # K and V are launched apart: each tensor's own chunk
+        c = cfg.chunk(which)
+        chunk = f"{'chunk_size' if which == 'k' else 'v_chunk_size'}={c}"
+        if c & (c - 1):
+            return f"{chunk} must be a power of two"
         b = _blocks(cfg, head_dim, which)
         whole = not b["TOKEN_AXIS"] and cfg.center == "mean"  # the strip loaded at once
         if whole and b["BT"] * b["BD"] > MAX_TILE:
-            return f"a [{b['BT']}, {b['BD']}] tile exceeds {MAX_TILE} values (page_size/chunk_size)"
+            return (f"a [{b['BT']}, {b['BD']}] tile of {which.upper()} exceeds {MAX_TILE} "
+                    f"values (page_size)")
         if not b["TOKEN_AXIS"] and c > b["BT"]:
-            return f"chunk_size={c} exceeds the page"
+            return f"{chunk} exceeds the page"
         if b["TOKEN_AXIS"] and min(c, _pow2(head_dim)) < 8:
-            return f"chunk_size={c} along head_dim must be >= 8 (byte-aligned packed rows)"
+            return f"{chunk} along head_dim must be >= 8 (byte-aligned packed rows)"
         if not b["TOKEN_AXIS"] and c * 8 > MAX_TILE:
-            return f"chunk_size={c} too large for a decompress tile"
+            return f"{chunk} too large for a decompress tile"
     return None
 
 

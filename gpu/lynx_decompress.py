@@ -172,8 +172,9 @@ def lynx_decompress_kernel(
     if not TOKEN_AXIS:  # stats [H, nct, D]: the tile's TB <= C tokens share one row
         nct = (tp + C - 1) // C
         sidx = (h * nct + (tb * TB) // C) * D + dg
-        mu = tl.load(stats + sidx, mask=gm, other=0.0).to(tl.float32)[None, :, :]
-        sg = tl.load(stats + H * nct * D + sidx, mask=gm, other=0.0).to(tl.float32)[None, :, :]
+        sm = gm & (tb * TB < tp)  # a tile past the page's last token has no statistics row
+        mu = tl.load(stats + sidx, mask=sm, other=0.0).to(tl.float32)[None, :, :]
+        sg = tl.load(stats + H * nct * D + sidx, mask=sm, other=0.0).to(tl.float32)[None, :, :]
     else:  # stats [H, Tp, ncd]: one value per token per C channels
         ncd = (D + C - 1) // C
         sidx = (h * tp + t) * ncd + g * 8 // C

@@ -12,6 +12,9 @@ namespace {
 constexpr uint32_t kSubBlockMax = 2048;  // values per quantization sub-block
 constexpr uint32_t kMaxRows = 512;       // rows per pipelined block, upper bound
 constexpr uint32_t kRepeatElems = 64;    // float32 values in one 256-byte vector repeat
+constexpr uint32_t kRowUnit = 8;         // block rows step of a token-axis tensor (chunks within a row)
+const char* const kChunkName[2] = {"chunk_size", "v_chunk_size"};  // LynxConfig fields
+const char* const kAxisName[2] = {"k_axis", "v_axis"};
 
 uint64_t Align(uint64_t n) { return (n + LYNX_ALIGN - 1) / LYNX_ALIGN * LYNX_ALIGN; }
 uint32_t CeilDiv(uint64_t a, uint64_t b) { return (uint32_t)((a + b - 1) / b); }
@@ -43,7 +46,8 @@ void PageKind(const LynxTilingArgs& a, uint32_t tp, uint32_t ns, LynxPageKind& k
     const uint64_t n = h * tp * d;
     const uint64_t codes = (n * a.anchorBits + 7) / 8;
     const uint64_t gamma = tp ? 2 * h * d * es : 0;
-    for (uint32_t kv = 0; kv < 2; ++kv) k.numChunks[kv] = (uint32_t)NumChunks(a.axis[kv], a.numHeads, tp, a.headDim, a.chunkSize);
+    for (uint32_t kv = 0; kv < 2; ++kv)
+        k.numChunks[kv] = (uint32_t)NumChunks(a.axis[kv], a.numHeads, tp, a.headDim, a.chunkSize[kv]);
     uint64_t sizes[8] = {codes, codes, gamma, gamma, 2ull * k.numChunks[0] * 2, 2ull * k.numChunks[1] * 2,
                          h * ns * d * es, h * ns * d * es};
     uint32_t ids[8] = {LYNX_K_CODES, LYNX_V_CODES, LYNX_K_GAMMA, LYNX_V_GAMMA, LYNX_K_STATS, LYNX_V_STATS,
@@ -61,15 +65,18 @@ uint32_t StatsPerBlock(uint32_t axis, uint32_t rows, uint32_t d, uint32_t c)
     return axis == LYNX_AXIS_CHANNEL ? CeilDiv(rows, c) * d : rows * CeilDiv(d, c);
 }
 
-void SizeBuffers(LynxTiling& t, uint32_t rows)
+// One set of buffers serves K and V items alike: sized for the larger block and statistics.
+void SizeBuffers(LynxTiling& t, const uint32_t rows[2])
 {
     const uint32_t d = t.headDim;
-    t.rowsPerBlock[0] = t.rowsPerBlock[1] = rows;
-    t.maxBlockRows = rows;
-    t.blockElems = LynxRoundUp(rows * d, kRepeatElems);
-    t.subBlock = std::min(kSubBlockMax, t.blockElems);
     uint32_t stats = 0;
-    for (uint32_t kv = 0; kv < 2; ++kv) stats = std::max(stats, StatsPerBlock(t.axis[kv], rows, d, t.chunkSize));
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+        t.rowsPerBlock[kv] = rows[kv];
+        stats = std::max(stats, StatsPerBlock(t.axis[kv], rows[kv], d, t.chunkSize[kv]));
+    }
+    t.maxBlockRows = std::max(rows[0], rows[1]);
+    t.blockElems = LynxRoundUp(t.maxBlockRows * d, kRepeatElems);
+    t.subBlock = std::min(kSubBlockMax, t.blockElems);
     t.maxStats = LynxRoundUp(stats, kRepeatElems);
     t.dimPad = LynxRoundUp(d, kRepeatElems);
 }
@@ -84,17 +91,19 @@ std::string Check(const LynxTilingArgs& a)
     if (a.headDim % 16) return s("head_dim", a.headDim) + " must be a multiple of 16 (32-byte rows for DataCopy)";
     if (a.headDim > 2040) return s("head_dim", a.headDim) + " must be <= 2040 (repeat strides are 8-bit)";
     if (a.pageSize == 0) return s("page_size", a.pageSize) + " must be >= 1";
-    if (a.chunkSize == 0 || a.chunkSize % 8) return s("chunk_size", a.chunkSize) + " must be a multiple of 8 (whole 32-byte float blocks)";
-    for (uint32_t kv = 0; kv < 2; ++kv) {
+    for (uint32_t kv = 0; kv < 2; ++kv) {  // K and V each chunk by their own size and axis
+        const uint32_t c = a.chunkSize[kv];
+        const std::string cs = s(kChunkName[kv], c);
+        if (a.axis[kv] != LYNX_AXIS_TOKEN && a.axis[kv] != LYNX_AXIS_CHANNEL)
+            return s(kAxisName[kv], a.axis[kv]) + " unknown (0 = channel, 1 = token)";
+        if (c == 0 || c % 8) return cs + " must be a multiple of 8 (whole 32-byte float blocks)";
         if (a.axis[kv] == LYNX_AXIS_TOKEN) {
             // every row splits into equal chunks: D % C == 0, or one chunk of D values (D < C)
-            const uint32_t w = std::min(a.chunkSize, a.headDim);
-            if (a.headDim % w) return s("head_dim", a.headDim) + " must be a multiple of " + s("chunk_size", a.chunkSize) + " (or smaller) for a token-axis chunk";
-            if (w > 64) return s("chunk_size", a.chunkSize) + " must be <= 64 for a token-axis chunk (one vector repeat)";
-        } else if (a.axis[kv] == LYNX_AXIS_CHANNEL) {
-            if (a.pageSize % a.chunkSize) return s("page_size", a.pageSize) + " must be a multiple of " + s("chunk_size", a.chunkSize);
-        } else {
-            return s("axis", a.axis[kv]) + " unknown";
+            const uint32_t w = std::min(c, a.headDim);
+            if (a.headDim % w) return s("head_dim", a.headDim) + " must be a multiple of " + cs + " (or smaller) for a token-axis chunk";
+            if (w > 64) return cs + " must be <= 64 for a token-axis chunk (one vector repeat)";
+        } else if (a.pageSize % c) {
+            return s("page_size", a.pageSize) + " must be a multiple of " + cs + " for a channel-axis chunk";
         }
     }
     if (a.center > LYNX_CENTER_MIDRANGE) return s("center", a.center) + " unknown (0 = mean, 1 = midrange)";
@@ -153,10 +162,11 @@ std::string LynxComputeTiling(const LynxTilingArgs& a, LynxTiling& t)
     t.numTokens = a.numTokens;
     t.dtypeBytes = a.dtypeBytes;
     t.pageSize = a.pageSize;
-    t.chunkSize = a.chunkSize;
-    t.tokenChunk = std::min(a.chunkSize, a.headDim);
-    t.axis[0] = a.axis[0];
-    t.axis[1] = a.axis[1];
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+        t.chunkSize[kv] = a.chunkSize[kv];
+        t.tokenChunk[kv] = std::min(a.chunkSize[kv], a.headDim);
+        t.axis[kv] = a.axis[kv];
+    }
     t.center = a.center;
     t.residualBits = 8 - a.anchorBits;
     t.yMax = ((1u << (a.anchorBits - 1)) - 1) << t.residualBits;
@@ -187,18 +197,25 @@ std::string LynxComputeTiling(const LynxTilingArgs& a, LynxTiling& t)
     // sinks move through the Unified Buffer in pieces of at most 8 KiB
     t.sinkRows = ns ? std::max(1u, std::min(ns, 8192u / (a.headDim * a.dtypeBytes))) : 0;
 
-    // the largest row block that fits: a multiple of the chunk when any axis chunks tokens
-    const bool channel = a.axis[0] == LYNX_AXIS_CHANNEL || a.axis[1] == LYNX_AXIS_CHANNEL;
-    const uint32_t unit = channel ? a.chunkSize : 8;
+    // The largest row blocks that fit. A block holds whole chunks, so a channel-axis tensor's
+    // block is a multiple of its chunk (C tokens), a token-axis one's of kRowUnit; each of K, V
+    // rounds the candidate `rows` down to its own unit.
     const uint32_t tpMax = std::max(1u, std::max(tpFirst, std::min(a.pageSize, body)));
-    uint32_t rows = std::min(LynxRoundUp(tpMax, unit), LynxRoundUp(kMaxRows, unit));
-    for (; rows >= unit; rows -= unit) {
-        SizeBuffers(t, rows);
+    uint32_t unit[2], cap[2], blockRows[2];
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+        unit[kv] = a.axis[kv] == LYNX_AXIS_CHANNEL ? a.chunkSize[kv] : kRowUnit;
+        cap[kv] = std::min(LynxRoundUp(tpMax, unit[kv]), LynxRoundUp(kMaxRows, unit[kv]));
+    }
+    const uint32_t coarse = unit[1] > unit[0] ? 1 : 0;  // one block of its unit: the smallest plan
+    uint32_t rows = std::max(cap[0], cap[1]);
+    for (; rows >= unit[coarse]; rows -= kRowUnit) {  // units are multiples of kRowUnit
+        for (uint32_t kv = 0; kv < 2; ++kv) blockRows[kv] = std::min(cap[kv], rows / unit[kv] * unit[kv]);
+        SizeBuffers(t, blockRows);
         if (LynxUbBytes(t, LYNX_TILING_BUFFER_NUM) <= t.ubBytes) break;
     }
-    if (rows < unit) return "head_dim=" + std::to_string(a.headDim) + " with chunk_size=" +
-                            std::to_string(a.chunkSize) + " does not fit the " + std::to_string(t.ubBytes) +
-                            "-byte Unified Buffer";
+    if (rows < unit[coarse]) return "head_dim=" + std::to_string(a.headDim) + " with " + kChunkName[coarse] + "=" +
+                                    std::to_string(a.chunkSize[coarse]) + " does not fit the " +
+                                    std::to_string(t.ubBytes) + "-byte Unified Buffer";
     t.ubUsed = LynxUbBytes(t, LYNX_TILING_BUFFER_NUM);
     return "";
 }

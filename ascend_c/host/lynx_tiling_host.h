@@ -16,7 +16,7 @@ struct LynxTilingArgs {
     uint32_t headDim = 0;        // D
     uint32_t dtypeBytes = 2;     // float16 / bfloat16
     uint32_t pageSize = 256;     // LynxConfig.page_size
-    uint32_t chunkSize = 32;     // LynxConfig.chunk_size
+    uint32_t chunkSize[2] = {32, 32};  // LynxConfig.chunk_size, v_chunk_size (cfg.chunk("k"), ("v"))
     uint32_t anchorBits = 4;     // LynxConfig.anchor_bits (the kernels pack 4 + 4)
     uint32_t axis[2] = {LYNX_AXIS_CHANNEL, LYNX_AXIS_TOKEN};
     uint32_t numSinkTokens = 4;  // LynxConfig.num_sink_tokens

@@ -200,7 +200,7 @@ private:
     // Returns the number of chunk statistics of the block.
     __aicore__ inline uint32_t ComputeQuant(uint32_t kv, uint32_t rows)
     {
-        const uint32_t d = t_->headDim, c = t_->chunkSize, n = rows * d;
+        const uint32_t d = t_->headDim, c = t_->chunkSize[kv], n = rows * d;
         const uint32_t np = LoadRows(rows);
         AscendC::LocalTensor<float> x = xBuf_.Get<float>();
         AscendC::LocalTensor<float> w = workBuf_.Get<float>();
@@ -220,12 +220,12 @@ private:
             nstat = nch * d;
             AscendC::DataCopy(w, x, np);
             if (midrange) {  // sum <- chunk max, cnt <- chunk min (each chunk's rows folded)
-                ChannelChunks(Op::MAX, w, sum, rows);
+                ChannelChunks(Op::MAX, w, sum, rows, c);
                 AscendC::DataCopy(w, x, np);
-                ChannelChunks(Op::MIN, w, cnt, rows);
+                ChannelChunks(Op::MIN, w, cnt, rows, c);
                 MidrangeStats(stats, mu, sum, cnt, nstat);
             } else {
-                ChannelChunks(Op::ADD, w, sum, rows);
+                ChannelChunks(Op::ADD, w, sum, rows, c);
                 AscendC::Duplicate(cnt, (float)c, nstat);
                 if (rows % c) AscendC::Duplicate(cnt[(nch - 1) * d], (float)(rows % c), d);
                 MeanStats(stats, mu, sum, cnt, nstat);
@@ -234,7 +234,7 @@ private:
                 RowBroadcast(Op::SUB, x[k * c * d], x[k * c * d], mu[k * d], Min(c, rows - k * c), d);
             if (!midrange) {  // sum <- max |xc| over each chunk
                 AscendC::Abs(w, x, n);
-                ChannelChunks(Op::MAX, w, sum, rows);
+                ChannelChunks(Op::MAX, w, sum, rows, c);
             }
             AscendC::Cast(stats[ms], sum, AscendC::RoundMode::CAST_RINT, nstat);
             AscendC::Cast(sig, stats[ms], AscendC::RoundMode::CAST_NONE, nstat);
@@ -242,7 +242,7 @@ private:
             for (uint32_t k = 0; k < nch; ++k)
                 RowBroadcast(Op::MUL, x[k * c * d], x[k * c * d], sig[k * d], Min(c, rows - k * c), d);
         } else {
-            const uint32_t tc = t_->tokenChunk;  // values per chunk
+            const uint32_t tc = t_->tokenChunk[kv];  // values per chunk
             nstat = rows * (d / tc);
             AscendC::LocalTensor<float> spread = spreadBuf_.Get<float>();
             const int32_t cBlocks = (int32_t)(tc / BLOCK_FLOATS);
@@ -314,12 +314,12 @@ private:
         AscendC::Max(hi, hi, lo, nstat);
     }
 
-    // Channel-axis chunks (C rows of one column): folds each chunk of w with op and gathers the
+    // Channel-axis chunks (c rows of one column): folds each chunk of w with op and gathers the
     // chunk rows into out as [num_chunks, D].
     __aicore__ inline void ChannelChunks(Op op, const AscendC::LocalTensor<float>& w,
-                                         const AscendC::LocalTensor<float>& out, uint32_t rows)
+                                         const AscendC::LocalTensor<float>& out, uint32_t rows, uint32_t c)
     {
-        const uint32_t d = t_->headDim, c = t_->chunkSize;
+        const uint32_t d = t_->headDim;
         for (uint32_t k = 0; k * c < rows; ++k) {
             FoldRows(op, w[k * c * d], Min(c, rows - k * c), d);
             AscendC::DataCopy(out[k * d], w[k * c * d], d);
@@ -391,7 +391,7 @@ private:
     __aicore__ inline void CopyOut(uint32_t kv, uint32_t h, const LynxPageKind& pk, uint64_t aBase, uint64_t rBase,
                                    uint32_t r0, uint32_t rows, uint32_t nstat)
     {
-        const uint32_t d = t_->headDim, c = t_->chunkSize, tp = pk.numTokens;
+        const uint32_t d = t_->headDim, c = t_->chunkSize[kv], tp = pk.numTokens;
         const uint64_t first = ((uint64_t)h * tp + r0) * d;  // first value of the block in [H, Tp, D]
         const AscendC::DataCopyExtParams codeParams(1, rows * d / 2, 0, 0, 0);
         AscendC::LocalTensor<uint8_t> codes = codeQueue_.DeQue<uint8_t>();
@@ -403,7 +403,7 @@ private:
 
         const uint64_t chunk0 = t_->axis[kv] == LYNX_AXIS_CHANNEL
                                     ? ((uint64_t)h * CeilDiv(tp, c) + r0 / c) * d
-                                    : ((uint64_t)h * tp + r0) * (d / t_->tokenChunk);
+                                    : ((uint64_t)h * tp + r0) * (d / t_->tokenChunk[kv]);
         AscendC::GlobalTensor<half> statsGm;
         statsGm.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(anchor_ + aBase + pk.offset[LYNX_K_STATS + kv]),
                                 2ull * pk.numChunks[kv]);

@@ -150,7 +150,7 @@ private:
     __aicore__ inline uint32_t CopyIn(uint32_t kv, uint32_t h, const LynxPageKind& pk, uint64_t aBase, uint64_t rBase,
                                       uint32_t r0, uint32_t rows)
     {
-        const uint32_t d = t_->headDim, c = t_->chunkSize, tp = pk.numTokens;
+        const uint32_t d = t_->headDim, c = t_->chunkSize[kv], tc = t_->tokenChunk[kv], tp = pk.numTokens;
         const uint64_t first = ((uint64_t)h * tp + r0) * d;
         const AscendC::DataCopyExtParams codeParams(1, rows * d / 2, 0, 0, 0);
         const AscendC::DataCopyPadExtParams<uint8_t> noPad(false, 0, 0, 0);
@@ -163,8 +163,8 @@ private:
             resQueue_.EnQue(res);
         }
         const bool channel = t_->axis[kv] == LYNX_AXIS_CHANNEL;
-        const uint32_t nstat = channel ? CeilDiv(rows, c) * d : rows * (d / t_->tokenChunk);
-        const uint64_t chunk0 = channel ? ((uint64_t)h * CeilDiv(tp, c) + r0 / c) * d : ((uint64_t)h * tp + r0) * (d / t_->tokenChunk);
+        const uint32_t nstat = channel ? CeilDiv(rows, c) * d : rows * (d / tc);
+        const uint64_t chunk0 = channel ? ((uint64_t)h * CeilDiv(tp, c) + r0 / c) * d : ((uint64_t)h * tp + r0) * (d / tc);
         AscendC::GlobalTensor<half> statsGm;
         statsGm.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(anchor_ + aBase + pk.offset[LYNX_K_STATS + kv]),
                                 2ull * pk.numChunks[kv]);
@@ -179,7 +179,7 @@ private:
 
     __aicore__ inline void Compute(uint32_t kv, uint32_t rows, uint32_t nstat)
     {
-        const uint32_t d = t_->headDim, c = t_->chunkSize, n = rows * d;
+        const uint32_t d = t_->headDim, c = t_->chunkSize[kv], n = rows * d;
         const uint32_t np = LynxRoundUp(n, REPEAT_FLOATS);
         AscendC::LocalTensor<float> x = xBuf_.Get<float>();
         AscendC::LocalTensor<uint8_t> codes = codeQueue_.DeQue<uint8_t>();
@@ -207,8 +207,8 @@ private:
             }
         } else {
             AscendC::LocalTensor<float> spread = spreadBuf_.Get<float>();
-            ChunkBroadcast(Op::MUL, x, x, sig, spread, nstat, t_->tokenChunk);
-            ChunkBroadcast(Op::ADD, x, x, mu, spread, nstat, t_->tokenChunk);
+            ChunkBroadcast(Op::MUL, x, x, sig, spread, nstat, t_->tokenChunk[kv]);
+            ChunkBroadcast(Op::ADD, x, x, mu, spread, nstat, t_->tokenChunk[kv]);
         }
         RowBroadcast(Op::MUL, x, x, scaleBuf_.Get<float>(), rows, d);
         RowBroadcast(Op::ADD, x, x, gminBuf_.Get<float>(), rows, d);

@@ -83,7 +83,8 @@ struct LynxTiling {
     uint32_t dtypeBytes;     // 2: float16 or bfloat16 KV
     // codec
     uint32_t pageSize;       // P: body tokens per page
-    uint32_t chunkSize;      // C: values per chunk
+    uint32_t chunkSize[2];   // C of K, V: values per chunk
+    uint32_t tokenChunk[2];  // values per token-axis chunk of K, V: C, or headDim when smaller
     uint32_t numSink;        // sink tokens of the layer (min(num_sink_tokens, T))
     uint32_t numPages;
     uint32_t axis[2];        // LynxAxis of K, V
@@ -97,11 +98,11 @@ struct LynxTiling {
     uint32_t mode;           // LynxMode
     uint32_t useResidual;    // decompress: 1 = full stage, 0 = anchor only
     uint32_t numWork;        // numPages * 2 * numHeads
-    uint32_t rowsPerBlock[2];  // rows (tokens) per pipelined block, K and V
-    uint32_t maxBlockRows;   // max(rowsPerBlock)
+    uint32_t rowsPerBlock[2];  // rows (tokens) per pipelined block of K, V (whole chunks)
+    uint32_t maxBlockRows;   // max(rowsPerBlock): the buffers hold the larger block
     uint32_t blockElems;     // maxBlockRows * headDim rounded up to 64 (one 256-byte repeat)
     uint32_t subBlock;       // values per quantization sub-block (multiple of 64)
-    uint32_t maxStats;       // chunk statistics per row block (upper bound, multiple of 64)
+    uint32_t maxStats;       // chunk statistics per row block of K or V (upper bound, multiple of 64)
     uint32_t dimPad;         // headDim rounded up to 64
     uint32_t sinkRows;       // sink rows moved per copy
     uint32_t ubBytes;        // Unified Buffer bytes the buffers below were sized for
@@ -109,7 +110,6 @@ struct LynxTiling {
     // paged output (decompress into vLLM-Ascend caches)
     uint32_t blockSize;      // tokens per cache block
     uint32_t slotBytes;      // 4 (int32) or 8 (int64) slot_mapping entries
-    uint32_t tokenChunk;     // values per token-axis chunk: chunkSize, or headDim when smaller
     uint64_t numSlots;       // num_blocks * block_size: slots >= this are skipped
     // layout
     LynxPageKind kind[LYNX_NUM_KINDS];

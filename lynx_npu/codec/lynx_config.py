@@ -22,7 +22,8 @@ CENTERS = ("midrange", "mean")
 @dataclass(frozen=True)
 class LynxConfig:
     page_size: int = 256         # tokens per page (P): scalars gamma are per channel per page
-    chunk_size: int = 32         # values per chunk (C): scalars mu, sigma are per chunk
+    chunk_size: int = 32         # values per K chunk (C): scalars mu, sigma are per chunk
+    v_chunk_size: int = 32       # values per V chunk
     alpha_k: float = 0.25        # alpha-law skew of the log transform, K (measured: README)
     alpha_v: float = 0.5         # alpha-law skew of the log transform, V
     anchor_bits: int = 4         # sign + MSBs sent first; the residual holds 8 - anchor_bits
@@ -45,8 +46,13 @@ class LynxConfig:
         # (registry.codec_from_wire) meets exactly these checks.
         check_int("page_size", self.page_size, 1)
         check_int("chunk_size", self.chunk_size, 1)
-        if self.k_axis == "channel" and self.page_size % self.chunk_size:
-            raise ValueError(f"{self.page_size=} must be a multiple of {self.chunk_size=}")
+        check_int("v_chunk_size", self.v_chunk_size, 1)
+        for which in "kv":
+            if self.axis(which) == "channel" and self.page_size % self.chunk(which):
+                name = "chunk_size" if which == "k" else "v_chunk_size"
+                raise ValueError(f"page_size={self.page_size} must be a multiple of "
+                                 f"{name}={self.chunk(which)} (chunks of {which.upper()} "
+                                 f"along tokens)")
         for name in ("alpha_k", "alpha_v"):  # stored as float: alpha 3 and 3.0 are one config
             object.__setattr__(self, name, check_number(name, getattr(self, name), 0, 1e6))
         check_int("anchor_bits", self.anchor_bits, 2, TOTAL_BITS - 1)  # the residual: the rest
@@ -75,6 +81,10 @@ class LynxConfig:
 
     def alpha(self, which: str) -> float:
         return float(self.alpha_k if which == "k" else self.alpha_v)
+
+    def chunk(self, which: str) -> int:
+        """Values per chunk of ``which`` ("k" or "v")."""
+        return self.v_chunk_size if which == "v" else self.chunk_size
 
     def axis(self, which: str) -> str:
         return self.k_axis if which == "k" else self.v_axis

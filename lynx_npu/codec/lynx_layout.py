@@ -95,7 +95,7 @@ def page_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.dty
               ("v_codes", packed_nbytes(n, cfg.anchor_bits)),
               ("k_gamma", gamma), ("v_gamma", gamma)]
     for which in "kv":
-        nc = num_chunks(cfg.axis(which), num_heads, num_tokens, head_dim, cfg.chunk_size)
+        nc = num_chunks(cfg.axis(which), num_heads, num_tokens, head_dim, cfg.chunk(which))
         anchor.append((f"{which}_stats", 2 * nc * _itemsize(SCALAR_DTYPE)))
     if num_sink:
         sink = num_heads * num_sink * head_dim * es
@@ -187,9 +187,9 @@ def window_chunks(cfg: LynxConfig, which: str, num_heads: int, num_tokens: int, 
                   rows: int) -> int:
     """Chunk scalars (per mu or sigma) of the chunks that hold a page's last ``rows`` rows."""
     if cfg.axis(which) == "channel":
-        first = (num_tokens - rows) // cfg.chunk_size
-        return num_heads * (-(-num_tokens // cfg.chunk_size) - first) * head_dim
-    return num_heads * rows * -(-head_dim // cfg.chunk_size)
+        first = (num_tokens - rows) // cfg.chunk(which)
+        return num_heads * (-(-num_tokens // cfg.chunk(which)) - first) * head_dim
+    return num_heads * rows * -(-head_dim // cfg.chunk(which))
 
 
 @functools.lru_cache(maxsize=4096)

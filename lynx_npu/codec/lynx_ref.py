@@ -108,7 +108,7 @@ def quantize(x: torch.Tensor, cfg: LynxConfig, which: str):
     inv_scale = reciprocal_or_zero(gmax - gmin)
     xn = (xf32 - gmin) * inv_scale
 
-    chunks, mask = _chunked(xn, axis, cfg.chunk_size)
+    chunks, mask = _chunked(xn, axis, cfg.chunk(which))
     if cfg.center == "midrange":
         big = torch.finfo(torch.float32).max
         hi = torch.where(mask, chunks, -big).amax(dim=-1)
@@ -152,7 +152,7 @@ def dequantize(anchor: torch.Tensor, residual: torch.Tensor | None, gamma: torch
     a_len = tp if axis == "channel" else d
     mu = _stats_unorder(stats[:, 0].float(), axis, h, d if axis == "channel" else tp)
     sigma = _stats_unorder(stats[:, 1].float(), axis, h, d if axis == "channel" else tp)
-    chunks, _ = _chunked(xfin, axis, cfg.chunk_size)
+    chunks, _ = _chunked(xfin, axis, cfg.chunk(which))
     xn = _unchunked(chunks * sigma.unsqueeze(-1) + mu.unsqueeze(-1), axis, a_len)
 
     g = gamma.float().view(n, 2, h, 1, d)

@@ -124,7 +124,7 @@ def _window_stats(stats: torch.Tensor, cfg: LynxConfig, which: str, h: int, tp: 
     """[2, nc] stats of a page -> a view of the chunks holding its last ``rows`` rows."""
     if cfg.axis(which) == "channel":
         per = stats.view(2, h, -1, d)
-        return per[:, :, (tp - rows) // cfg.chunk_size:, :]
+        return per[:, :, (tp - rows) // cfg.chunk(which):, :]
     return stats.view(2, h, tp, -1)[:, :, tp - rows:, :]
 
 

@@ -163,7 +163,7 @@ def _load(path: pathlib.Path) -> ctypes.CDLL:
     u32, u64, vp, cp = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p
     lib.lynx_host_buffer_num.restype = u32
     lib.lynx_host_tiling_bytes.restype = u32
-    lib.lynx_host_tiling.argtypes = [u32] * 15 + [u64, u32, vp, cp, u32]
+    lib.lynx_host_tiling.argtypes = [u32] * 16 + [u64, u32, vp, cp, u32]
     lib.lynx_host_tiling_summary.argtypes = [vp] + [ctypes.POINTER(u64)] * 2 + [ctypes.POINTER(u32)] * 4
     lib.lynx_host_page_kind.argtypes = [vp, u32, ctypes.POINTER(u32), ctypes.POINTER(u32),
                                         ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(u64)]
@@ -193,7 +193,8 @@ class Tiling:
     num_pages: int
     num_work: int
     ub_bytes: int
-    rows_per_block: int
+    rows_per_block: int                 # rows of the pipelined block the buffers hold
+    block_rows: tuple[int, int]         # rows per block of K, V (whole chunks of each)
 
     def page_kind(self, kind: int, lib: ctypes.CDLL) -> dict:
         """kind 0 = page 0, 1 = full pages, 2 = last page: tokens, sinks, section offsets, sizes."""
@@ -214,16 +215,17 @@ def make_tiling(cfg: LynxConfig, num_heads: int, num_tokens: int, head_dim: int,
     lib = library(buffer_num)
     raw = (ctypes.c_uint8 * lib.lynx_host_tiling_bytes())()
     err = ctypes.create_string_buffer(512)
-    rc = lib.lynx_host_tiling(num_heads, num_tokens, head_dim, 2, cfg.page_size, cfg.chunk_size,
-                              cfg.anchor_bits, _AXES[cfg.k_axis], _AXES[cfg.v_axis], cfg.num_sink_tokens,
+    rc = lib.lynx_host_tiling(num_heads, num_tokens, head_dim, 2, cfg.page_size, cfg.chunk("k"),
+                              cfg.chunk("v"), cfg.anchor_bits, _AXES[cfg.k_axis], _AXES[cfg.v_axis], cfg.num_sink_tokens,
                               _CENTERS[cfg.center], mode, int(use_residual), block_size, slot_bytes,
                               num_slots, 0, raw, err, len(err))
     if rc:
         raise ValueError(f"Ascend C kernels cannot run this request: {err.value.decode()}")
     a, r = ctypes.c_uint64(), ctypes.c_uint64()
-    pages, work, ub, rows = (ctypes.c_uint32() for _ in range(4))
+    pages, work, ub = (ctypes.c_uint32() for _ in range(3))
+    rows = (ctypes.c_uint32 * 3)()  # K, V, the larger
     lib.lynx_host_tiling_summary(raw, a, r, pages, work, ub, rows)
-    return Tiling(raw, a.value, r.value, pages.value, work.value, ub.value, rows.value)
+    return Tiling(raw, a.value, r.value, pages.value, work.value, ub.value, rows[2], (rows[0], rows[1]))
 
 
 def kernel_tables(cfg: LynxConfig, which: str, kind: str) -> torch.Tensor:
@@ -436,8 +438,8 @@ class _NpuKernels:
     @staticmethod
     def _args(cfg: LynxConfig) -> tuple[int, ...]:
         """The codec arguments every op takes (compress also takes the centre: _compress_args)."""
-        return (cfg.page_size, cfg.chunk_size, cfg.anchor_bits, _AXES[cfg.k_axis], _AXES[cfg.v_axis],
-                cfg.num_sink_tokens)
+        return (cfg.page_size, cfg.chunk("k"), cfg.chunk("v"), cfg.anchor_bits, _AXES[cfg.k_axis],
+                _AXES[cfg.v_axis], cfg.num_sink_tokens)
 
     @classmethod
     def _compress_args(cls, cfg: LynxConfig) -> tuple[int, ...]:

@@ -52,11 +52,11 @@ class _Table(ctypes.Structure):
     _fields_ = [("thresholds", ctypes.c_void_p), ("levels", ctypes.c_void_p),
                 ("bucket", ctypes.c_void_p), ("shift", ctypes.c_int64),
                 ("key_lo", ctypes.c_int64), ("num_probes", ctypes.c_int64),
-                ("token_axis", ctypes.c_int64)]
+                ("token_axis", ctypes.c_int64), ("chunk", ctypes.c_int64)]
 
 
 class _Params(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int64) for n in ("num_heads", "head_dim", "chunk", "anchor_bits",
+    _fields_ = [(n, ctypes.c_int64) for n in ("num_heads", "head_dim", "anchor_bits",
                                               "residual_bits", "bias", "y_max", "dtype",
                                               "num_threads", "midrange")] + [("t", _Table * 2)]
 
@@ -176,7 +176,7 @@ def _open(path: pathlib.Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.lynx_cpu_abi.restype = ctypes.c_int64
     lib.lynx_cpu_abi.argtypes = [ctypes.c_int64]
-    want = {0: 2, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
+    want = {0: 3, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
     for what, value in want.items():
         got = lib.lynx_cpu_abi(what)
         if got != value:
@@ -214,6 +214,7 @@ def build_info(name: str | None = None) -> dict:
 
 
 def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:
+    # Any chunk size of K or V: the kernel falls back to its plain C++ where a fast path lacks it.
     if cfg.center not in ("mean", "midrange"):
         return f"center={cfg.center!r}"
     if dtype not in _DTYPE_CODE:
@@ -235,14 +236,17 @@ def _cached_params(cfg, num_kv_heads: int, head_dim: int, dtype, num_threads: in
     tabs = device_tables(cfg, torch.device("cpu"))
     if "bucket32" not in tabs:  # the vectorized lookup gathers 32-bit entries
         tabs["bucket32"] = tabs["bucket"].to(torch.int32)
-    p = _Params(num_kv_heads, head_dim, cfg.chunk_size, cfg.anchor_bits, cfg.residual_bits,
-                cfg.bias, cfg.y_max, _DTYPE_CODE[dtype], num_threads,
-                int(cfg.center == "midrange"))
+    p = _Params(num_kv_heads, head_dim, cfg.anchor_bits, cfg.residual_bits, cfg.bias, cfg.y_max,
+                _DTYPE_CODE[dtype], num_threads, int(cfg.center == "midrange"))
     for i, which in enumerate("kv"):
         t = tabs[which]
+        token_axis = cfg.axis(which) == "token"
+        # A token-axis chunk longer than head_dim is one short chunk per row, the same bytes as a
+        # chunk of head_dim (the mean's tree only gains zeros): pass that, the fast paths' form.
+        chunk = min(cfg.chunk(which), head_dim) if token_axis else cfg.chunk(which)
         p.t[i] = _Table(tabs["thresholds"][i].data_ptr(), tabs["levels"][i].data_ptr(),
                         tabs["bucket32"][i].data_ptr(), t.shift, t.key_lo, t.num_probes,
-                        int(cfg.axis(which) == "token"))
+                        int(token_axis), chunk)
     return p, tabs
 
 

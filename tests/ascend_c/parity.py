@@ -20,6 +20,17 @@ from lynx_npu.codec.packing import unpack_bits
 
 from ..ops.parity import random_kv  # noqa: F401  (re-exported for the Ascend C tests)
 
+# K and V chunked by sizes of their own (LynxConfig.chunk_size, v_chunk_size) over the default
+# preset: V on the token axis at 64 (the planned default: one chunk per token-head at head_dim
+# 64, two at 128) and at 16, and V on the channel axis with a chunk unlike K's.
+SPLIT_CHUNKS = [
+    {"v_chunk_size": 64},
+    {"v_chunk_size": 16},
+    {"page_size": 128, "chunk_size": 16, "v_axis": "channel", "v_chunk_size": 64},
+]
+# head_dim 32 (below a 64 chunk: one chunk of 32), 64 and 128; ragged last pages and chunk tails
+SPLIT_SHAPES = [(2, 37, 32), (2, 300, 64), (1, 517, 128)]
+
 
 def exact_kv(cfg: LynxConfig, h: int, t: int, d: int, dtype: torch.dtype, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
@@ -78,7 +89,7 @@ def page_views(cfg: LynxConfig, anchor: torch.Tensor, residual: torch.Tensor, sh
                 mu=stats[0], sigma=stats[1],
                 anchor=unpack_bits(sec(anchor, a0, f"{w}_codes"), cfg.anchor_bits, n, signed=True),
                 residual=unpack_bits(sec(residual, r0, f"{w}_res"), cfg.residual_bits, n, signed=True),
-                chunk_of=_chunk_ids(cfg.axis(w), h, s.num_tokens, d, cfg.chunk_size))
+                chunk_of=_chunk_ids(cfg.axis(w), h, s.num_tokens, d, cfg.chunk(w)))
         out.append((s, views))
         a0 += lay.anchor_nbytes
         r0 += lay.residual_nbytes

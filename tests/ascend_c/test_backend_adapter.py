@@ -19,9 +19,10 @@ CFG = LynxConfig(page_size=64, chunk_size=16, num_sink_tokens=3)
 H, T, D = 2, 150, 32
 
 
-@pytest.fixture(scope="module", params=["midrange", "mean"])
+@pytest.fixture(scope="module", params=[{"center": "midrange"}, {"center": "mean"},
+                                        {"center": "midrange", "v_chunk_size": 64}], ids=str)
 def streams(host_build, request):
-    cfg = CFG.replace(center=request.param)
+    cfg = CFG.replace(**request.param)
     k, v = exact_kv(cfg, H, T, D, torch.bfloat16)
     plan = layer_plan(cfg, H, T, D, torch.bfloat16)
     anchor, residual = host_build.host_backend().compress(k, v, plan)
@@ -77,6 +78,8 @@ def test_supports_names_what_it_cannot_run(host_build):
     assert backend.supports(LynxConfig(center="mean"), 8, 128, torch.bfloat16) is None
     assert "head_dim=24" in backend.supports(LynxConfig(center="mean"), 8, 24, torch.bfloat16)
     assert "float16 or bfloat16" in backend.supports(LynxConfig(center="mean"), 8, 128, torch.float32)
+    assert backend.supports(LynxConfig(v_chunk_size=64), 8, 128, torch.bfloat16) is None  # K, V chunks differ
+    assert "v_chunk_size=48" in backend.supports(LynxConfig(v_chunk_size=48), 8, 128, torch.bfloat16)
 
 
 @pytest.mark.parametrize("center", ["midrange", "mean"])

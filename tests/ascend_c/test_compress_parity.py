@@ -12,7 +12,7 @@ import torch
 from lynx_npu.codec import lynx_tables
 from lynx_npu.codec.lynx import EncodedLynx, LynxCodec
 
-from .parity import exact_kv, page_views, random_kv, ulp_distance
+from .parity import SPLIT_CHUNKS, SPLIT_SHAPES, exact_kv, page_views, random_kv, ulp_distance
 
 DTYPES = [torch.bfloat16, torch.float16]
 CENTERS = ["midrange", "mean"]  # LynxConfig.center; "midrange" is the default config's
@@ -23,7 +23,7 @@ CONFIGS = [
     ("default", {}),
     ("paper", {}),
     ("default", {"page_size": 64, "chunk_size": 16, "num_sink_tokens": 3}),
-    ("default", {"page_size": 48, "chunk_size": 8, "v_axis": "channel", "alpha_k": 20.0}),
+    ("default", {"page_size": 48, "chunk_size": 8, "v_chunk_size": 8, "v_axis": "channel", "alpha_k": 20.0}),
 ]
 SHAPES = [(2, 1, 16), (2, 3, 32), (1, 37, 64), (3, 200, 16), (2, 300, 64), (1, 517, 128)]
 # Measured on random_kv (see README): <= 2e-4 of channel-axis chunks; the bound leaves margin.
@@ -62,10 +62,29 @@ def test_midrange_random_inputs_give_identical_bytes(host_build, dtype, preset, 
     assert torch.equal(residual, ref.residual)
 
 
+@pytest.mark.parametrize("center", CENTERS)
+@pytest.mark.parametrize("overrides", SPLIT_CHUNKS, ids=_ids)
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=_ids)
+def test_k_and_v_chunks_of_their_own_give_identical_bytes(host_build, center, overrides, shape):
+    """Each of K, V quantized with its own chunk: exact inputs with either centre, realistic
+    ones with the midrange, give the reference's bytes."""
+    codec = LynxCodec("default", **overrides, center=center)
+    inputs = [exact_kv(codec.config, *shape, torch.bfloat16)]
+    if center == "midrange":
+        inputs.append(random_kv(*shape, torch.float16, seed=1))
+    for k, v in inputs:
+        ref = codec.encode(k, v)
+        anchor, residual = host_build.compress(k, v, codec.config)
+        assert torch.equal(anchor, ref.anchor)
+        assert torch.equal(residual, ref.residual)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
-@pytest.mark.parametrize("preset", ["default", "paper"])
-def test_mean_random_inputs_differ_only_by_mean_rounding(host_build, dtype, preset):
-    codec = LynxCodec(preset, center="mean")
+# the presets as they are, and with V chunked by 64 (token axis in "default", channel in "paper")
+@pytest.mark.parametrize("preset,overrides", [("default", {}), ("paper", {}), ("default", {"v_chunk_size": 64}),
+                                              ("paper", {"v_chunk_size": 64})], ids=_ids)
+def test_mean_random_inputs_differ_only_by_mean_rounding(host_build, dtype, preset, overrides):
+    codec = LynxCodec(preset, **overrides, center="mean")
     cfg = codec.config
     shape = (4, 1100, 64)
     k, v = random_kv(*shape, dtype, seed=1)

@@ -36,7 +36,7 @@ def test_npu_compress_and_decompress_match_the_reference(npu_ops, dtype, center)
     k, v = random_kv(4, 1100, 128, dtype, seed=5)
     ref = codec.encode(k, v)
     axes = {"channel": 0, "token": 1}
-    args = (cfg.page_size, cfg.chunk_size, cfg.anchor_bits, axes[cfg.k_axis], axes[cfg.v_axis],
+    args = (cfg.page_size, cfg.chunk("k"), cfg.chunk("v"), cfg.anchor_bits, axes[cfg.k_axis], axes[cfg.v_axis],
             cfg.num_sink_tokens)
     thr = [kernel_tables(cfg, w, "thresholds").npu() for w in "kv"]
     lv = [kernel_tables(cfg, w, "levels").npu() for w in "kv"]

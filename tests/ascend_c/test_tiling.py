@@ -1,4 +1,7 @@
 """The host tiling function (C++) lays pages out exactly as lynx_npu.codec.lynx_layout (format v1)."""
+import ctypes
+import re
+
 import pytest
 import torch
 
@@ -14,6 +17,13 @@ CASES = [
     (LynxConfig(center="mean"), 1, 261, 64),        # one full page after the sinks, then a 1-token page
     (LynxConfig(center="mean", page_size=64, chunk_size=16, num_sink_tokens=0), 4, 1000, 32),
     (LynxConfig(center="mean", alpha_k=255.0, alpha_v=255.0, v_axis="channel", num_sink_tokens=0), 2, 513, 80),
+    # K and V chunks of their own sizes: V per token (64: one chunk per row at head_dim 64, two at
+    # 128; 16), V per channel with a chunk unlike K's
+    (LynxConfig(center="mean", v_chunk_size=64), 8, 4096, 128),
+    (LynxConfig(center="mean", v_chunk_size=64), 2, 300, 64),
+    (LynxConfig(center="mean", v_chunk_size=64), 2, 300, 32),
+    (LynxConfig(center="mean", v_chunk_size=16), 3, 517, 64),
+    (LynxConfig(center="mean", page_size=128, chunk_size=16, v_axis="channel", v_chunk_size=64), 2, 300, 64),
 ]
 
 
@@ -42,8 +52,19 @@ def test_sections_match_the_python_layout(host_build, cfg, h, t, d):
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"head_dim": 24}, "head_dim=24 must be a multiple of 16"),
-    ({"cfg": LynxConfig(center="mean", chunk_size=12, page_size=24)}, "chunk_size=12 must be a multiple of 8"),
-    ({"cfg": LynxConfig(center="mean", chunk_size=128, page_size=256), "head_dim": 256}, "chunk_size=128 must be <= 64"),
+    # K's and V's chunks are checked apart, each message naming its own field (\b: not v_chunk_size)
+    ({"cfg": LynxConfig(center="mean", chunk_size=12, page_size=24)}, r"\bchunk_size=12 must be a multiple of 8"),
+    ({"cfg": LynxConfig(center="mean", v_chunk_size=12)}, "v_chunk_size=12 must be a multiple of 8"),
+    ({"cfg": LynxConfig(center="mean", chunk_size=128, k_axis="token"), "head_dim": 256},
+     r"\bchunk_size=128 must be <= 64 for a token-axis chunk"),
+    ({"cfg": LynxConfig(center="mean", v_chunk_size=128), "head_dim": 256},
+     "v_chunk_size=128 must be <= 64 for a token-axis chunk"),
+    ({"cfg": LynxConfig(center="mean", chunk_size=48, k_axis="token")},
+     r"head_dim=64 must be a multiple of chunk_size=48 \(or smaller\)"),
+    ({"cfg": LynxConfig(center="mean", v_chunk_size=48)},
+     r"head_dim=64 must be a multiple of v_chunk_size=48 \(or smaller\)"),
+    ({"cfg": LynxConfig(center="mean", v_chunk_size=64), "head_dim": 96},
+     "head_dim=96 must be a multiple of v_chunk_size=64"),
     ({"cfg": LynxConfig(center="mean", anchor_bits=5)}, "anchor_bits=5"),
     ({"dtype": torch.float32}, "float16 or bfloat16"),
     ({"head_dim": 2048}, "head_dim=2048"),
@@ -54,14 +75,54 @@ def test_unsupported_requests_name_the_value(host_build, kwargs, match):
         host_build.make_tiling(args["cfg"], 2, 100, args["head_dim"], args["dtype"])
 
 
-def test_every_supported_request_fits_the_unified_buffer(host_build):
-    for d in (16, 64, 96, 128, 256):
+@pytest.mark.parametrize("k_chunk,v_chunk,v_axis,match", [
+    (48, 32, 1, r"page_size=256 must be a multiple of chunk_size=48 for a channel-axis chunk"),
+    (32, 48, 0, r"page_size=256 must be a multiple of v_chunk_size=48 for a channel-axis chunk"),
+    (32, 32, 2, r"v_axis=2 unknown"),
+])
+def test_the_c_tiling_checks_k_and_v_apart(host_build, k_chunk, v_chunk, v_axis, match):
+    """Requests LynxConfig itself refuses, sent to the C function as they are (K per channel)."""
+    lib = host_build.library()
+    raw = (ctypes.c_uint8 * lib.lynx_host_tiling_bytes())()
+    err = ctypes.create_string_buffer(512)
+    # heads, tokens, head_dim, dtype bytes, page_size, K / V chunk, anchor_bits, K / V axis, sinks,
+    # center, mode, use_residual, block_size, slot bytes, num_slots, UB bytes (0: the A2's)
+    rc = lib.lynx_host_tiling(2, 300, 64, 2, 256, k_chunk, v_chunk, 4, 0, v_axis, 4, 1, 0, 1, 0, 8, 0, 0,
+                              raw, err, len(err))
+    assert rc != 0
+    assert re.search(match, err.value.decode()), err.value.decode()
+
+
+# V per token in 64-value chunks takes head_dim <= 64 or a multiple of 64 (96 is refused above)
+@pytest.mark.parametrize("cfg,dims", [(LynxConfig(center="mean"), (16, 64, 96, 128, 256)),
+                                      (LynxConfig(center="mean", v_chunk_size=64), (16, 48, 64, 128, 192, 256))])
+def test_every_supported_request_fits_the_unified_buffer(host_build, cfg, dims):
+    for d in dims:
         for mode in (0, 1, 2):
-            t = host_build.make_tiling(LynxConfig(center="mean"), 8, 8192, d, torch.bfloat16, mode=mode,
-                                       block_size=128, num_slots=1024)
+            t = host_build.make_tiling(cfg, 8, 8192, d, torch.bfloat16, mode=mode, block_size=128, num_slots=1024)
             assert t.ub_bytes <= 192 * 1024 and t.rows_per_block >= 32
+
+
+@pytest.mark.parametrize("cfg", [
+    LynxConfig(v_chunk_size=64),
+    LynxConfig(v_axis="channel", v_chunk_size=64),
+    LynxConfig(page_size=128, chunk_size=16, v_axis="channel", v_chunk_size=64),
+    LynxConfig(k_axis="token", chunk_size=16, v_axis="channel", v_chunk_size=32),
+], ids=lambda c: f"k-{c.k_axis}{c.chunk_size}-v-{c.v_axis}{c.v_chunk_size}-p{c.page_size}")
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_row_blocks_hold_whole_chunks_of_k_and_of_v(host_build, cfg, d):
+    """A channel-axis block is a multiple of that tensor's chunk; the buffers hold the larger one."""
+    for mode in (0, 1):
+        t = host_build.make_tiling(cfg, 8, 8192, d, torch.bfloat16, mode=mode)
+        for w, rows in zip("kv", t.block_rows):
+            assert rows > 0 and rows % (cfg.chunk(w) if cfg.axis(w) == "channel" else 8) == 0, (w, rows)
+        assert t.rows_per_block == max(t.block_rows) and t.ub_bytes <= 192 * 1024
 
 
 def test_too_wide_heads_for_one_chunk_of_rows_are_refused(host_build):
     with pytest.raises(ValueError, match="head_dim=512 with chunk_size=32 does not fit"):
         host_build.make_tiling(LynxConfig(center="mean"), 1, 300, 512, torch.bfloat16)
+    # the message names the chunk whose smallest block does not fit: V's 64 rows here
+    with pytest.raises(ValueError, match="head_dim=512 with v_chunk_size=64 does not fit"):
+        host_build.make_tiling(LynxConfig(center="mean", k_axis="token", v_axis="channel", v_chunk_size=64),
+                               1, 300, 512, torch.bfloat16)

@@ -10,7 +10,7 @@ from .parity import random_kv
 
 def _codec_args(cfg):
     axes = {"channel": 0, "token": 1}
-    return (cfg.page_size, cfg.chunk_size, cfg.anchor_bits, axes[cfg.k_axis], axes[cfg.v_axis],
+    return (cfg.page_size, cfg.chunk("k"), cfg.chunk("v"), cfg.anchor_bits, axes[cfg.k_axis], axes[cfg.v_axis],
             cfg.num_sink_tokens)
 
 
@@ -18,11 +18,12 @@ def _compress_args(cfg):
     return (*_codec_args(cfg), {"mean": 0, "midrange": 1}[cfg.center])
 
 
+@pytest.mark.parametrize("v_chunk_size", [32, 64])
 @pytest.mark.parametrize("center", ["midrange", "mean"])
 @pytest.mark.parametrize("shape", [(2, 300, 64), (4, 3, 128), (1, 1000, 16)])
-def test_meta_shapes_match_the_reference_streams(host_build, shape, center):
+def test_meta_shapes_match_the_reference_streams(host_build, shape, center, v_chunk_size):
     host_build.load_op_schema()
-    codec = LynxCodec(center=center)
+    codec = LynxCodec(center=center, v_chunk_size=v_chunk_size)
     k, v = random_kv(*shape, torch.bfloat16)
     enc = codec.encode(k, v)
     meta = dict(device="meta")
@@ -47,6 +48,9 @@ def test_schema_rejects_unsupported_requests_and_has_no_cpu_kernel(host_build):
     y = torch.empty(2, 10, 32, dtype=torch.float16, device="meta")
     with pytest.raises(RuntimeError, match="center=2"):
         torch.ops.lynx_ascend.compress(y, y, thr, thr, *args[:-1], 2)
+    z = torch.empty(2, 10, 64, dtype=torch.float16, device="meta")
+    with pytest.raises(RuntimeError, match="head_dim=64 must be a multiple of v_chunk_size=48"):
+        torch.ops.lynx_ascend.compress(z, z, thr, thr, *_compress_args(LynxCodec(v_chunk_size=48).config))
     k, v = random_kv(2, 10, 32, torch.float16)
     with pytest.raises(NotImplementedError):
         torch.ops.lynx_ascend.compress(k, v, torch.zeros(128), torch.zeros(128), *args)

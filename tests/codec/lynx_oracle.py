@@ -17,7 +17,7 @@ def oracle_quantize(x: torch.Tensor, cfg, which: str):
     anchor = torch.zeros(h, tp, d, dtype=torch.int64)
     residual = torch.zeros_like(anchor)
     spread = torch.zeros(h, tp, d)  # sigma * scale: xf units -> x units
-    c = cfg.chunk_size
+    c = cfg.chunk(which)
     for hh in range(h):
         for dd in range(d):
             col = x[hh, :, dd]

@@ -5,8 +5,8 @@ from hypothesis import given, settings, strategies as st
 import lynx_npu
 from lynx_npu.codec import lynx_ref, lynx_tables
 from lynx_npu.codec.lynx_config import LynxConfig
-from lynx_npu.codec.lynx_layout import (page_layout, page_spans, stream_layout, window_nbytes,
-                                        window_rows)
+from lynx_npu.codec.lynx_layout import (num_chunks, page_layout, page_spans, stream_layout,
+                                        window_nbytes, window_rows)
 
 from .lynx_oracle import oracle_quantize
 
@@ -26,14 +26,17 @@ def kv(h=2, t=64, d=16, dtype=torch.bfloat16, seed=0):
 @pytest.mark.parametrize("center", ["midrange", "mean"])
 @pytest.mark.parametrize("anchor_bits", SPLITS)
 @pytest.mark.parametrize("axis", ["channel", "token"])
-def test_codes_match_naive_oracle(anchor_bits, axis, center):
-    cfg = LynxConfig(page_size=32, chunk_size=8, anchor_bits=anchor_bits, v_axis=axis,
-                     num_sink_tokens=0, center=center)
+@pytest.mark.parametrize("v_chunk", [8, 16])  # V's chunk may differ from K's (8)
+def test_codes_match_naive_oracle(anchor_bits, axis, center, v_chunk):
+    cfg = LynxConfig(page_size=32, chunk_size=8, v_chunk_size=v_chunk, anchor_bits=anchor_bits,
+                     v_axis=axis, num_sink_tokens=0, center=center)
     k, v = kv(h=2, t=29, d=16, dtype=torch.float16)
-    a, r, _, _ = lynx_ref.quantize(v.unsqueeze(0), cfg, "v")
-    oa, orr, _, _ = oracle_quantize(v[:, :29], cfg, "v")
-    assert torch.equal(a[0], oa)
-    assert torch.equal(r[0], orr)
+    for which, x in (("k", k), ("v", v)):
+        a, r, _, stats = lynx_ref.quantize(x.unsqueeze(0), cfg, which)
+        oa, orr, _, _ = oracle_quantize(x[:, :29], cfg, which)
+        assert torch.equal(a[0], oa)
+        assert torch.equal(r[0], orr)
+        assert stats.shape[-1] == num_chunks(cfg.axis(which), 2, 29, 16, cfg.chunk(which))
 
 
 @pytest.mark.parametrize("anchor_bits", SPLITS)
@@ -65,8 +68,8 @@ def test_error_within_the_rounding_interval(anchor_bits, axis):
     distance from a level to its decision thresholds; the anchor stage, which rounds codes to
     multiples of 2**residual_bits, by at most one anchor-level gap.
     """
-    cfg = LynxConfig(page_size=40, chunk_size=8, anchor_bits=anchor_bits, v_axis=axis,
-                     num_sink_tokens=0)
+    cfg = LynxConfig(page_size=40, chunk_size=8, v_chunk_size=8, anchor_bits=anchor_bits,
+                     v_axis=axis, num_sink_tokens=0)
     _, v = kv(h=2, t=40, d=16, dtype=torch.float32)
     a, r, gamma, stats = lynx_ref.quantize(v.unsqueeze(0), cfg, "v")
     _, _, spread, lv = oracle_quantize(v, cfg, "v")
@@ -232,7 +235,8 @@ def test_paper_preset_keeps_literal_axes():
 @pytest.mark.parametrize("bad", [dict(page_size=0), dict(chunk_size=0), dict(page_size=100),
                                  dict(alpha_k=0), dict(alpha_v=-1), dict(anchor_bits=1),
                                  dict(anchor_bits=8), dict(v_axis="head"),
-                                 dict(num_sink_tokens=-1), dict(center="median"), dict(bogus=1), dict(preset="nope")])
+                                 dict(num_sink_tokens=-1), dict(center="median"), dict(bogus=1), dict(preset="nope"),
+                                 dict(v_chunk_size=0), dict(v_axis="channel", v_chunk_size=48)])
 def test_bad_config_is_a_value_error(bad):
     with pytest.raises(ValueError):
         lynx_npu.get_codec("lynx", **bad)

@@ -62,6 +62,26 @@ def test_every_layer_of_a_request_in_one_launch(layout):
     assert check_request("lynx", layout, DEVICE, "triton", **SHAPE, **SMALL) == "triton"
 
 
+# K and V with chunks of their own: V chunks of 64 along head_dim (the planned default; one
+# chunk per token-head at head_dim 64, two at 128), and V on the channel axis with chunks
+# twice K's.
+K_CHUNK = SMALL.get("chunk_size", 16)  # serde_checks.small_codec's on the interpreter
+PER_TENSOR_CHUNKS = {"v64-d64": dict(v_chunk_size=64, d=64),
+                     "v64-d128": dict(v_chunk_size=64, d=128),
+                     "v-channel": dict(v_axis="channel", v_chunk_size=2 * K_CHUNK)}
+
+
+@pytest.mark.parametrize("chunks", list(PER_TENSOR_CHUNKS.values()),
+                         ids=list(PER_TENSOR_CHUNKS))
+def test_per_tensor_chunks_encode_and_decode_into_cache(chunks):
+    kw = {**SHAPE, **SMALL, **chunks}
+    assert check_encode_cache("lynx", "vllm_flash_nhd", "random", DEVICE, "triton", **kw) \
+        == "triton"
+    for stage in ("anchor", "full"):
+        assert check_decode_into("lynx", "vllm_flash_nhd", stage, DEVICE, "triton", **kw) \
+            == "triton"
+
+
 @pytest.mark.parametrize("heads_fast", [True, False])
 def test_either_grid_order_gives_the_same_bytes(monkeypatch, heads_fast):
     """Compress of a paged request with heads first or pages first in the grid (launch.py
@@ -127,14 +147,23 @@ def test_paged_compress_any_slot_mapping(runs, kind):
                               **RUNS) == "triton"
 
 
-def test_paged_compress_reads_runs_for_the_gpu_pages(runs):
+@pytest.mark.parametrize("v_chunk", [32, 64])
+def test_paged_compress_reads_runs_for_the_gpu_pages(runs, v_chunk):
     """Both K's and V's launches of those pages read runs (a block size the kernel tries)."""
     from lynx_npu.codec.lynx_config import make_config
     from lynx_npu.gpu import launch
-    cfg = make_config(page_size=256, chunk_size=32)
+    cfg = make_config(page_size=256, chunk_size=32, v_chunk_size=v_chunk)
     view = torch.empty(2, 16, 128)
     for which in "kv":
-        assert launch._row_block(view, launch._blocks(cfg, 128, which)) == 16
+        assert launch._row_block(view, launch._blocks(cfg, 128, which), which) == 16
+
+
+@pytest.mark.parametrize("kind", ["blocks", "tokens"])
+def test_paged_compress_v_chunks_of_64(runs, kind):
+    """V chunks of 64 along head_dim (two per token-head): runs of rows, and per token."""
+    slots, bs = _run_slots(kind)
+    assert check_encode_slots("lynx", "vllm_flash_nhd", slots, DEVICE, "triton", block_size=bs,
+                              **RUNS, v_chunk_size=64) == "triton"
 
 
 def test_every_layer_of_a_request_in_runs(runs):

@@ -75,6 +75,43 @@ def test_decompress_equals_reference(anchor_bits, v_axis, dtype):
             assert torch.equal(gk.cpu(), wk) and torch.equal(gv.cpu(), wv), (t, stage)
 
 
+# K and V with chunks of their own (launch.py: each tensor's launch takes its own chunk): V
+# chunks of 64 along head_dim (the planned default: one chunk per token-head at head_dim 64,
+# two at 128), and V on the channel axis with chunks twice K's.
+K_CHUNK = config().chunk_size
+PER_TENSOR_CHUNKS = [("token", 64, 64, "midrange", torch.bfloat16),
+                     ("token", 64, 128, "midrange", torch.bfloat16),
+                     ("token", 64, 128, "mean", torch.float16),
+                     ("channel", 2 * K_CHUNK, HEAD_DIM, "midrange", torch.float16),
+                     ("channel", 2 * K_CHUNK, HEAD_DIM, "mean", torch.bfloat16)]
+
+
+@pytest.mark.parametrize("v_axis,v_chunk,head_dim,center,dtype", PER_TENSOR_CHUNKS)
+def test_per_tensor_chunks_equal_reference(v_axis, v_chunk, head_dim, center, dtype):
+    """Compressed bytes and both decompressed stages equal the reference."""
+    cfg = config(v_axis=v_axis, center=center, v_chunk_size=v_chunk)
+    assert cfg.chunk("v") != cfg.chunk("k")
+    for t in SIZES[:2] + SIZES[-1:]:
+        k, v = random_kv(HEADS, t, head_dim, dtype, seed=t)
+        a, r = poisoned_compress(k.to(DEVICE), v.to(DEVICE), cfg, "triton")
+        want = reference_streams(cfg, k, v)
+        assert torch.equal(a, want[0]) and torch.equal(r, want[1]), f"{t} tokens"
+        enc = codec(cfg)._wrap(tuple(k.shape), dtype, a, r)
+        for stage, res in (("anchor", None), ("full", r)):
+            out = tuple(torch.full(k.shape, float("nan"), dtype=dtype, device=DEVICE) for _ in "kv")
+            gk, gv = ops.decompress(a.to(DEVICE), res.to(DEVICE) if res is not None else None,
+                                    cfg, k.shape, dtype, backend="triton", out=out)
+            wk, wv = codec(cfg).decode(enc, stage)
+            assert torch.equal(gk.cpu(), wk) and torch.equal(gv.cpu(), wv), (t, stage)
+
+
+def test_refuses_a_v_chunk_not_a_power_of_two():
+    cfg = config(v_chunk_size=48)
+    k, v = random_kv(HEADS, 8, HEAD_DIM, torch.bfloat16)
+    with pytest.raises(ops.BackendUnavailable, match="v_chunk_size=48 must be a power of two"):
+        ops.compress(k.to(DEVICE), v.to(DEVICE), cfg, backend="triton")
+
+
 @pytest.mark.parametrize("layout", sorted(KV_CACHE_LAYOUTS))
 def test_decompress_paged_every_layout(layout):
     check_paged(layout, "full", "triton", DEVICE, h=HEADS, t=90 if not CUDA else 1000,

@@ -2,7 +2,8 @@
 this CPU runs (``LYNX_CPU_ISA``, cpu_backend.py): native, avx2 and scalar in every check, a
 forced avx512 build once.
 
-Bytes: equal to the reference for every size, split, axis, chunk centre, sink count and dtype.
+Bytes: equal to the reference for every size, split, axis, chunk centre, sink count, dtype and
+pair of K / V chunk sizes.
 Values: decompression of reference streams equals the reference decoder bit for bit, dense,
 paged (every layout) and per page. Every output buffer is poisoned first, so an unwritten byte
 fails the test. Each check computes the reference once and compares every ISA's build with it.
@@ -20,6 +21,7 @@ from lynx_npu.ops.backends import BackendUnavailable
 from lynx_npu.ops.kv_layouts import resolve, target_view
 
 from .parity import CENTERS, codec, poisoned_compress, random_kv, reference_streams
+from .serde_checks import check_decode_into, check_encode_cache
 
 RAGGED = [1, 31, 33, 255, 257, 1000]
 SPLITS = [2, 3, 4, 6]
@@ -200,8 +202,9 @@ def test_decompress_paged_every_layout(layout, stage, each_isa):
         check_paged(layout, stage, "cpu", "cpu")
 
 
-def check_paged(layout, stage, backend, device, h=2, t=300, d=32, dtype=torch.bfloat16):
-    cfg = config()
+def check_paged(layout, stage, backend, device, h=2, t=300, d=32, dtype=torch.bfloat16,
+                cfg=None):
+    cfg = cfg or config()
     k, v = random_kv(h, t, d, dtype, seed=1)
     a, r = reference_streams(cfg, k, v)
     wk, wv = codec(cfg).decode(codec(cfg)._wrap((h, t, d), dtype, a, r), stage)
@@ -258,8 +261,8 @@ def test_decompress_each_page_alone(stage, each_isa):
         check_pages(stage, "cpu", "cpu")
 
 
-def check_pages(stage, backend, device, h=2, t=600, d=32, dtype=torch.float16):
-    cfg = config()
+def check_pages(stage, backend, device, h=2, t=600, d=32, dtype=torch.float16, cfg=None):
+    cfg = cfg or config()
     k, v = random_kv(h, t, d, dtype, seed=3)
     c = codec(cfg)
     enc = c.encode(k, v)
@@ -281,6 +284,49 @@ def check_pages(stage, backend, device, h=2, t=600, d=32, dtype=torch.float16):
                                   torch.arange(n, device=device), "vllm_ascend", backend=backend)
         assert torch.equal(kc.reshape(-1, h, d)[:n].cpu(), wk[:, s].transpose(0, 1))
         assert torch.equal(vc.reshape(-1, h, d)[:n].cpu(), wv[:, s].transpose(0, 1))
+
+
+# (K chunk, V chunk): V's own chunk (16: the token axis decompresses through the plain C++;
+# 64: one register group per chunk; 128: head_dim 128, or longer than head_dim 64: one short
+# chunk per row on the token axis), and K's apart from V's default.
+CHUNK_PAIRS = [(32, 16), (32, 64), (32, 128), (64, 32)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float32])
+@pytest.mark.parametrize("v_axis", ["token", "channel"])
+@pytest.mark.parametrize("chunks", CHUNK_PAIRS)
+def test_k_and_v_chunk_sizes(chunks, v_axis, dtype, each_isa):
+    """Bytes and values (dense, both stages) when K and V are chunked differently: head_dim 64
+    and 128, a page shorter than every chunk (7 tokens) and ragged last pages (300: pages of
+    128, 128 and 40 body tokens)."""
+    for center in CENTERS:
+        cfg = config(v_axis=v_axis, center=center, page_size=128, chunk_size=chunks[0],
+                     v_chunk_size=chunks[1])
+        for d in (64, 128):
+            for t in (7, 300):
+                k, v = random_kv(2, t, d, dtype, seed=t + d)
+                note = (center, d, t)
+                check_decompress(each_isa, cfg, k, v,
+                                 check_compress(each_isa, k, v, cfg, note), note)
+
+
+@pytest.mark.parametrize("v_axis", ["token", "channel"])
+@pytest.mark.parametrize("layout", sorted(KV_CACHE_LAYOUTS))
+def test_v_chunk_sizes_paged(layout, v_axis, each_isa):
+    """V chunks of 16 and 64 (K: 32) decompressed into every paged layout, whole layers and
+    page by page; and through the page serde: a layer encoded from the paged cache gives
+    encode_pages' bytes, received pages decode into it as decode_page."""
+    for v_chunk in (16, 64):
+        cfg = config(v_axis=v_axis, page_size=128, v_chunk_size=v_chunk)
+        for isa in each_isa():
+            for stage in ("anchor", "full"):
+                check_paged(layout, stage, "cpu", "cpu", d=64, cfg=cfg)
+                if layout == "vllm_ascend":  # check_pages writes that layout
+                    check_pages(stage, "cpu", "cpu", t=300, d=128, cfg=cfg)
+                assert check_decode_into("lynx", layout, stage, "cpu", "cpu", d=64,
+                                         v_axis=v_axis, v_chunk_size=v_chunk) == "cpu", isa
+            assert check_encode_cache("lynx", layout, "random", "cpu", "cpu", d=64,
+                                      v_axis=v_axis, v_chunk_size=v_chunk) == "cpu", isa
 
 
 def test_roundtrip_interchange_with_torch_backend(monkeypatch):

@@ -2,8 +2,8 @@
 
 Parameters are literal dicts, not codec.params(): these fixtures freeze the frame format and
 must not move when a codec's defaults do (golden_payloads.py freezes real codec output).
-They are complete payload-format-3 parameter sets (test_golden checks that they build; they
-were format 2 until the recent-token window, 2026-11-27).
+They are complete payload-format-4 parameter sets (test_golden checks that they build; they
+were format 2 until the recent-token window, 2026-11-27, and format 3 until V's own chunk size).
 Regenerate only for a new frame format version. golden/v1_hello.bin and v2_hello.bin are the
 first frames a format-1 and a format-2 peer send (v3_hello.bin: format 3), kept to check that
 they are refused by name.
@@ -12,14 +12,14 @@ from lynx_npu.wire import CodecSpec, Compat, Frame, Kind, ReceiveLimits, page_ta
 
 LYNX_PARAMS = {"alpha_k": 3.0, "alpha_v": 3.0, "anchor_bits": 4, "center": "midrange",
                "chunk_size": 32, "k_axis": "channel", "num_sink_tokens": 4, "page_size": 256,
-               "payload_format": 3, "recent_tokens": 32, "scalar_preview": True,
-               "v_axis": "token"}
-INT8_PARAMS = {"page_size": 256, "payload_format": 3}
+               "payload_format": 4, "recent_tokens": 32, "scalar_preview": True,
+               "v_axis": "token", "v_chunk_size": 32}
+INT8_PARAMS = {"page_size": 256, "payload_format": 4}
 RID = 0x0123456789ABCDEF
-SENDER = Compat(3, (CodecSpec("lynx", params_to_json(LYNX_PARAMS)),
+SENDER = Compat(4, (CodecSpec("lynx", params_to_json(LYNX_PARAMS)),
                     CodecSpec("int8", params_to_json(INT8_PARAMS))),
                 session="00112233445566778899aabbccddeeff")
-RECEIVER = Compat(3, limits=ReceiveLimits(
+RECEIVER = Compat(4, limits=ReceiveLimits(
     max_request_bytes=8 << 30, max_payload_bytes=64 << 20, max_params_bytes=1024,
     max_layers=4096, max_tokens=1 << 22, max_kv_heads=1024, max_head_dim=1024))
 

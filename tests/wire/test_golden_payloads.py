@@ -1,4 +1,4 @@
-"""Payload format 3 is frozen: real codec output on a fixed KV (golden_payloads.py) must be
+"""Payload format 4 is frozen: real codec output on a fixed KV (golden_payloads.py) must be
 the committed frames byte for byte, and the committed frames must decode, through a codec
 rebuilt from their parameters alone, to the committed expectation. A failure means a codec's
 bytes or defaults changed: bump PAYLOAD_FORMAT (lynx_npu/codec/registry.py) and regenerate

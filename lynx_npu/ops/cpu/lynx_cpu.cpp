@@ -40,16 +40,19 @@ constexpr int F_CODES = F_SECTION, F_GAMMA = F_SECTION + 2, F_STATS = F_SECTION 
 constexpr int F_PADS = F_SECTION + 10, NUM_PADS = 8, NUM_FIELDS = F_PADS + 2 * NUM_PADS;
 constexpr uint32_t ONE_BITS = 0x3F800000u;
 
+// One of K (t[0]) and V (t[1]): its code tables, chunk axis and chunk size, so the two may
+// differ (LynxConfig.chunk_size, v_chunk_size).
 struct Table {
   const float* thresholds;  // [128 + 2], +inf padded
   const float* levels;      // [128]
   const int32_t* bucket;
   int64_t shift, key_lo, num_probes, token_axis;
+  int64_t chunk;  // values per chunk; on the token axis at most head_dim (cpu_backend.py)
 };
 
 struct Params {
-  int64_t num_heads, head_dim, chunk, anchor_bits, residual_bits, bias, y_max, dtype,
-      num_threads, midrange;  // midrange: 1 = centre (max + min) / 2, 0 = mean
+  int64_t num_heads, head_dim, anchor_bits, residual_bits, bias, y_max, dtype, num_threads,
+      midrange;  // midrange: 1 = centre (max + min) / 2, 0 = mean
   Table t[2];
 };
 
@@ -393,17 +396,17 @@ void quantize_codes(const float* __restrict xf, int64_t n, const Table& tb, cons
 // Normalise, chunk-centre and scale rows [r0, r0 + rows) of one head's page tile (in place),
 // writing the chunk statistics. buf rows are D floats; inv_scale = recip_or_zero(gmax - gmin)
 // per channel.
-void chunk_rows(const Params& p, bool token_axis, float* buf, int64_t r0, int64_t rows,
+void chunk_rows(const Params& p, const Table& tb, float* buf, int64_t r0, int64_t rows,
                 int64_t tp, const float* gmin, const float* inv_scale, uint16_t* mu16,
                 uint16_t* sg16, std::vector<float>& fold, std::vector<float>& colmax,
                 std::vector<float>& mu, std::vector<float>& inv_sig) {
-  const int64_t D = p.head_dim, C = p.chunk, cp = next_pow2(C);
+  const int64_t D = p.head_dim, C = tb.chunk, cp = next_pow2(C);
   for (int64_t i = 0; i < rows; ++i) {
     float* __restrict br = buf + (r0 + i) * D;
     for (int64_t d = 0; d < D; ++d)
       br[d] = (br[d] - gmin[d]) * inv_scale[d];
   }
-  if (!token_axis) {  // one chunk = these rows (C tokens of each channel), vectorized over d
+  if (!tb.token_axis) {  // one chunk = these rows (C tokens of each channel), vectorized over d
     const int64_t cnt = rows;
     if (p.midrange) {  // fold[0] = midrange per channel
       fold.resize(2 * D);
@@ -489,8 +492,8 @@ bool compress_item(const Params& p, int which, const int64_t* row, const typenam
                    const int64_t* strides, uint8_t* anchor, uint8_t* residual, Scratch& s,
                    const int64_t* next_row) {
   using raw = typename Conv::raw;
-  const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk;
   const Table& tb = p.t[which];
+  const int64_t H = p.num_heads, D = p.head_dim, C = tb.chunk;
   const int64_t sh = strides[0], st = strides[1], sd = strides[2];
   const int64_t tp = row[F_NUM_BODY], ns = row[F_NUM_SINK], body0 = row[F_BODY0];
   bool finite = true;
@@ -566,7 +569,7 @@ bool compress_item(const Params& p, int which, const int64_t* row, const typenam
     for (int64_t r0 = 0; r0 < tp; r0 += block) {
       const int64_t rows = std::min(block, tp - r0);
       uint16_t* mu16 = token_axis ? stats + (h * tp + r0) * ncd : stats + (h * nct + r0 / C) * D;
-      chunk_rows(p, token_axis, buf, r0, rows, tp, gmin, gmax, mu16, mu16 + total_chunks,
+      chunk_rows(p, tb, buf, r0, rows, tp, gmin, gmax, mu16, mu16 + total_chunks,
                  s.tree, colmax, mu, sig);
       const int64_t n = rows * D, e0 = (h * tp + r0) * D;
       quantize_codes(buf + r0 * D, n, tb, p, s.a.data(), s.r.data());
@@ -640,8 +643,8 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
                      const uint8_t* anchor, const uint8_t* residual, const Dest& dst,
                      const Decoders& dec, DScratch& s) {
   using raw = typename Conv::raw;
-  const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk;
   const Table& tb = p.t[which];
+  const int64_t H = p.num_heads, D = p.head_dim, C = tb.chunk;
   const int64_t tp = row[F_NUM_BODY], ns = row[F_NUM_SINK], body0 = row[F_BODY0];
   raw* out = reinterpret_cast<raw*>(dst.base[which]) + dst.offset[which] + h * dst.s_head[which];
   const int64_t sd = dst.s_dim[which];
@@ -784,7 +787,7 @@ extern "C" {
 // Layout constants the Python side checks before the first call.
 int64_t lynx_cpu_abi(int64_t what) {
   switch (what) {
-    case 0: return 2;  // ABI version
+    case 0: return 3;  // ABI version (3: a chunk size per K / V, in Table)
     case 1: return NUM_FIELDS;
     case 2: return (int64_t)sizeof(Params);
     case 3: return (int64_t)sizeof(Dest);

@@ -320,8 +320,10 @@ const auto vmin = [](__m512 a, __m512 b) { return _mm512_min_ps(a, b); };
 const auto vmax = [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); };
 
 // ---- compress ------------------------------------------------------------------------------
+// Per K / V (each has its own chunk): the token axis needs chunks of whole registers that tile
+// head_dim (16 .. 256 values); other chunk sizes take the plain C++.
 inline bool compress_fast(const Params& p, const Table& tb, int64_t sd) {
-  const int64_t D = p.head_dim, C = p.chunk;
+  const int64_t D = p.head_dim, C = tb.chunk;
   if (sd != 1 || D % 16 || D > 256) return false;
   if (tb.token_axis) return D % C == 0 && C % 16 == 0 && C <= 256;
   return true;
@@ -444,10 +446,11 @@ inline __m512 spread(__m512 lo, __m512 hi, __m512 mu) {
 
 // Chunks of C tokens of each channel (one chunk of rows): tile holds the normalised rows, lo /
 // hi their per-strip min / max. (Not inlined: one copy for every KV dtype.)
-__attribute__((noinline)) void channel_stats(const Params& p, const float* tile, int64_t rows,
-                                             const __m512* lo, const __m512* hi, uint16_t* mu16,
-                                             uint16_t* sg16, float* fold, Centres& c) {
-  const int64_t D = p.head_dim, ns = D / 16, cp = next_pow2(p.chunk);
+__attribute__((noinline)) void channel_stats(const Params& p, int64_t C, const float* tile,
+                                             int64_t rows, const __m512* lo, const __m512* hi,
+                                             uint16_t* mu16, uint16_t* sg16, float* fold,
+                                             Centres& c) {
+  const int64_t D = p.head_dim, ns = D / 16, cp = next_pow2(C);
   const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   __m512 mu[16], am[16];
   c.resize(ns);
@@ -487,11 +490,12 @@ __attribute__((noinline)) void channel_stats(const Params& p, const float* tile,
 
 // Chunks of C head_dim values of each token (D % C == 0, C % 16 == 0) of the normalised rows in
 // tile, reduced four at a time. ZC = C / 16 registers per chunk when it is known at compile time
-// (0: read from p).
+// (0: from chunk).
 template <int ZC>
-__attribute__((noinline)) void token_stats(const Params& p, const float* tile, int64_t rows,
-                                           uint16_t* mu16, uint16_t* sg16, Centres& c) {
-  const int64_t D = p.head_dim, C = ZC ? 16 * ZC : p.chunk, zc = C / 16, nb = next_pow2(zc);
+__attribute__((noinline)) void token_stats(const Params& p, int64_t chunk, const float* tile,
+                                           int64_t rows, uint16_t* mu16, uint16_t* sg16,
+                                           Centres& c) {
+  const int64_t D = p.head_dim, C = ZC ? 16 * ZC : chunk, zc = C / 16, nb = next_pow2(zc);
   const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   const int64_t nch = rows * (D / C);
   c.resize(nch + 4);
@@ -571,8 +575,8 @@ bool compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
                           const int64_t* strides, int64_t body0, int64_t tp,
                           typename Conv::raw* gamma, uint16_t* stats, uint8_t* codes,
                           uint8_t* res, Scratch& s, const int64_t* next_row) {
-  const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk, ns = D / 16;
   const Table& tb = p.t[which];
+  const int64_t H = p.num_heads, D = p.head_dim, C = tb.chunk, ns = D / 16;
   const bool token_axis = tb.token_axis != 0;
   const bool packed44 = p.anchor_bits == 4 && p.residual_bits == 4;
   const int64_t sh = strides[0], st = strides[1];
@@ -631,14 +635,14 @@ bool compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
         uint16_t* mu16 = stats + (h * tp + r0) * ncd;
         uint16_t* sg16 = mu16 + total_chunks;
         switch (C) {
-          case 16: token_stats<1>(p, s.buf.data(), rows, mu16, sg16, centres); break;
-          case 32: token_stats<2>(p, s.buf.data(), rows, mu16, sg16, centres); break;
-          case 64: token_stats<4>(p, s.buf.data(), rows, mu16, sg16, centres); break;
-          default: token_stats<0>(p, s.buf.data(), rows, mu16, sg16, centres);
+          case 16: token_stats<1>(p, C, s.buf.data(), rows, mu16, sg16, centres); break;
+          case 32: token_stats<2>(p, C, s.buf.data(), rows, mu16, sg16, centres); break;
+          case 64: token_stats<4>(p, C, s.buf.data(), rows, mu16, sg16, centres); break;
+          default: token_stats<0>(p, C, s.buf.data(), rows, mu16, sg16, centres);
         }
       } else {
         uint16_t* mu16 = stats + (h * nct + r0 / C) * D;
-        channel_stats(p, s.buf.data(), rows, lo, hi, mu16, mu16 + total_chunks, s.fold.data(),
+        channel_stats(p, C, s.buf.data(), rows, lo, hi, mu16, mu16 + total_chunks, s.fold.data(),
                       centres);
       }
       const int64_t n = rows * D, e0 = (h * tp + r0) * D;  // e0 * 4 bits: byte e0 / 2
@@ -677,8 +681,10 @@ inline void decode_tables(const Params& p, const Table& tb, DecodeTables& out) {
   }
 }
 
+// Per K / V: on the token axis one (mu, sigma) per 32-value group, so chunks of whole groups that
+// tile head_dim (16-value chunks, and others, take the plain C++).
 inline bool decompress_fast(const Params& p, const Table& tb) {
-  const int64_t D = p.head_dim, C = p.chunk;
+  const int64_t D = p.head_dim, C = tb.chunk;
   if (p.anchor_bits != 4 || p.residual_bits != 4 || D % 32 || D > 512) return false;
   return !tb.token_axis || (C % 32 == 0 && D % C == 0);
 }
@@ -807,7 +813,7 @@ void decompress_body_avx512(const Params& p, int which, int64_t h, const int64_t
                             const uint8_t* anchor, const uint8_t* residual, const Dest& dst,
                             const DecodeTables& dt, DScratch& s) {
   using raw = typename Conv::raw;
-  const int64_t H = p.num_heads, D = p.head_dim, C = p.chunk;
+  const int64_t H = p.num_heads, D = p.head_dim, C = p.t[which].chunk;
   const bool token_axis = p.t[which].token_axis != 0;
   const int64_t tp = row[F_NUM_BODY], body0 = row[F_BODY0];
   const raw* gamma = reinterpret_cast<const raw*>(anchor + row[F_GAMMA + which]);
