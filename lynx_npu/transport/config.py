@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..wire import DEFAULT_LIMITS, CodecSpec, Compat, ReceiveLimits, WireLimits
+from .priority import check_nice
 
 LOOPBACK = "127.0.0.1"
 
@@ -50,6 +51,8 @@ class SenderConfig:
     frame_s: float = 0.005               # paced (gbps set): a frame also carries at most this
                                          # much link time, since a new request's anchor can
                                          # overtake residual bytes only between frames
+    thread_nice: int = 10                # the writers' nice value at least this (Linux;
+                                         # transport/priority.py): a host's model threads first
     deadline_s: float = 60.0             # a request not fully acknowledged by then fails
     retransmit_s: float = 5.0            # resend a frame unacknowledged for this long
     connect_timeout_s: float = 5.0       # TCP connect, and then the whole handshake
@@ -71,6 +74,7 @@ class SenderConfig:
         _check_secret(self.secret)
         if not isinstance(self.port, int) or not 0 < self.port < 65536:
             raise ValueError(f"{self.port=} must be a TCP port in [1, 65535]")
+        check_nice("thread_nice", self.thread_nice)
         if not isinstance(self.num_connections, int) or not 1 <= self.num_connections <= 64:
             raise ValueError(f"{self.num_connections=} must be an int in [1, 64]")
         if type(self.handshake_attempts) is not int or not 1 <= self.handshake_attempts <= 100:
@@ -128,6 +132,9 @@ class ReceiverConfig:
     handshake_timeout_s: float = 5.0     # the whole handshake, however slowly bytes come
     idle_timeout_s: float = 60.0         # a connection silent this long is closed (an idle
                                          # sender reconnects when it next has frames)
+    thread_nice: int = 10                # connection readers and page decoders run at least
+                                         # this nice (Linux; transport/priority.py): the
+                                         # decode instance's model threads first
     ack_delay_s: float = 0.02            # an ACK waits up to this long for the frames behind
                                          # it (or for a full batch): on a paced link every frame
                                          # arrives alone, and a send per frame made the decode
@@ -144,6 +151,7 @@ class ReceiverConfig:
         object.__setattr__(self, "codecs", _codec_specs(self.codecs))
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
             raise ValueError(f"{self.port=} must be a TCP port in [0, 65535]")
+        check_nice("thread_nice", self.thread_nice)
         for name in ("deadline_s", "handshake_timeout_s", "idle_timeout_s"):
             _positive(name, getattr(self, name))
         if not isinstance(self.ack_delay_s, (int, float)) or isinstance(self.ack_delay_s, bool) \

@@ -41,6 +41,7 @@ from .config import ReceiverConfig
 from .connection import FrameSocket, server_handshake
 from .connection_slots import ConnectionSlots
 from .errors import RemoteError, TransferDeadlineError, TransferError, TransportClosed
+from .priority import lower_this_thread
 from .receive_state import OnPage, PageJob, ReceiveHandle, RequestRejected
 from .request_table import RequestTable
 
@@ -171,6 +172,7 @@ class Receiver(KVReceiver):
 
     def _serve(self, conn: FrameSocket, peer: str) -> None:
         acks: list[bytes] = []  # acknowledgements go out in batches (one system call each)
+        lower_this_thread(self.config.thread_nice)
         try:
             with conn.deadline(self.config.handshake_timeout_s):
                 sender = server_handshake(conn, self.config.secret, self.config.compat)
@@ -289,6 +291,7 @@ class Receiver(KVReceiver):
 
     # -- decoding -------------------------------------------------------------------------------
     def _decode_loop(self) -> None:
+        lower_this_thread(self.config.thread_nice)
         while True:
             job = self._jobs.get()
             if job is None:

@@ -47,6 +47,7 @@ from .connection import FrameSocket, client_handshake, new_session
 from .errors import (HandshakeError, RemoteError, TransferDeadlineError, TransferError,
                      TransportClosed)
 from .events import StageEvent
+from .priority import lower_this_thread
 from .rate_limit import TokenBucket
 from .send_queue import SendQueue
 
@@ -185,6 +186,7 @@ class _Link:
 
     def _write_loop(self) -> None:
         s = self.sender
+        lower_this_thread(s.config.thread_nice)
         while not s._closed.is_set():
             if self.conn is None:
                 if not s.queue.wait_for_frames(0.1):
