@@ -23,7 +23,7 @@ CENTERS = ("midrange", "mean")
 class LynxConfig:
     page_size: int = 256         # tokens per page (P): scalars gamma are per channel per page
     chunk_size: int = 32         # values per K chunk (C): scalars mu, sigma are per chunk
-    v_chunk_size: int = 32       # values per V chunk
+    v_chunk_size: int = 32       # values per V chunk (docs/codec.md: why not 64)
     alpha_k: float = 0.25        # alpha-law skew of the log transform, K (measured: README)
     alpha_v: float = 0.5         # alpha-law skew of the log transform, V
     anchor_bits: int = 4         # sign + MSBs sent first; the residual holds 8 - anchor_bits
@@ -101,7 +101,7 @@ class LynxConfig:
 PRESETS: dict[str, LynxConfig] = {
     # The paper's literal axes (K and V chunked per channel), no exact sinks, mu-law alpha.
     "paper": LynxConfig(alpha_k=255.0, alpha_v=255.0, k_axis="channel", v_axis="channel",
-                        num_sink_tokens=0, center="mean"),
+                        v_chunk_size=32, num_sink_tokens=0, center="mean"),
     "default": LynxConfig(),
 }
 
