@@ -1,4 +1,4 @@
-"""Byte layout of Lynx pages (payload format 3, registry.PAYLOAD_FORMAT): described once, as
+"""Byte layout of Lynx pages (payload format 4, registry.PAYLOAD_FORMAT): described once, as
 data, for every backend.
 
 A layer of ``T`` tokens is cut into pages of the *body* (the tokens after the
