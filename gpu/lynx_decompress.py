@@ -172,7 +172,9 @@ def lynx_decompress_kernel(
     if not TOKEN_AXIS:  # stats [H, nct, D]: the tile's TB <= C tokens share one row
         nct = (tp + C - 1) // C
         sidx = (h * nct + (tb * TB) // C) * D + dg
-        sm = gm & (tb * TB < tp)  # a tile past the page's last token has no statistics row
+        # a tile wholly past the page's last token has no statistics row (gm's form: the
+        # interpreter takes only a comparison's mask, not an & of one with a scalar)
+        sm = dg < tl.minimum(tp - tb * TB, 1) * D
         mu = tl.load(stats + sidx, mask=sm, other=0.0).to(tl.float32)[None, :, :]
         sg = tl.load(stats + H * nct * D + sidx, mask=sm, other=0.0).to(tl.float32)[None, :, :]
     else:  # stats [H, Tp, ncd]: one value per token per C channels
