@@ -157,9 +157,9 @@ def _supports(cfg, head_dim: int, dtype, *tuning) -> str | None:
         return f"dtype {dtype} (float16, bfloat16, float32 only)"
     if head_dim % 8:
         return f"{head_dim=} must be a multiple of 8 (bit-packed rows start on byte boundaries)"
-    for alpha in (cfg.alpha_k, cfg.alpha_v):
+    for which in "kv":
         try:
-            log_search(float(alpha), cfg.y_max, cfg.bias)
+            log_search(float(cfg.alpha(which)), cfg.y_max(which), cfg.bias(which))
         except ValueError as e:
             return str(e)
     if cfg.page_size > MAX_PAGE:
@@ -304,13 +304,13 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
     # Every token a sink: no residual bytes; the kernel still needs a valid pointer.
     res_arg = residual if residual.numel() else torch.empty(1, dtype=torch.uint8, device=dev)
     a8, akv, a16, es = _views(anchor, k.dtype)
-    aw, a_words = _words(anchor, cfg.anchor_bits)
-    rw, r_words = _words(res_arg, cfg.residual_bits)
     searches, polys, search_entries = search_tables(cfg, dev)
     table = plan.on(dev)
     try:
         for wi, (which, x) in enumerate((("k", k), ("v", v))):
             blk = _blocks(cfg, plan.head_dim, which)
+            aw, a_words = _words(anchor, cfg.bits(which))   # each tensor its own split
+            rw, r_words = _words(res_arg, cfg.residual_bits(which))
             search = searches[wi]
             poly = polys[wi] if TUNING["compress"]["POLY"] is not False else None
             programs = plan.num_pages * blk["num_dt"]
@@ -332,7 +332,8 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
                     WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
                     CS=blk["CS"], GC=blk["GC"], TS=blk["TS"], GT=blk["GT"],
                     BS=_pow2(cfg.num_sink_tokens), ES=es,
-                    A_BITS=cfg.anchor_bits, R_BITS=cfg.residual_bits, BIAS=cfg.bias,
+                    A_BITS=cfg.bits(which), R_BITS=cfg.residual_bits(which),
+                    BIAS=cfg.bias(which),
                     ALPHA=search.alpha, SCALE=search.scale, P0=search.p0, EPS=search.eps,
                     MIDRANGE=cfg.center == "midrange",
                     TREE=TUNING["compress"]["TREE"], A_WORDS=a_words,
@@ -409,14 +410,14 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
     table = plan.on(dev)
     has_res = residual is not None and residual.numel() > 0
     r8 = residual if has_res else a8
-    aw, a_words = _words(anchor, cfg.anchor_bits)
-    rw, r_words = _words(r8, cfg.residual_bits) if has_res else (a8, False)
     slots = dest.slot_mapping if dest.slot_mapping is not None else table
     bs = dest.block_size
     bs_shift = bs.bit_length() - 1 if bs & (bs - 1) == 0 else -1
     slots32 = dest.num_blocks * bs < 2 ** 31  # 32-bit slot arithmetic: every slot fits
     for wi, (which, tgt) in enumerate((("k", dest.k), ("v", dest.v))):
         blk = _decode_blocks(cfg, plan.head_dim, which)
+        aw, a_words = _words(anchor, cfg.bits(which))   # each tensor its own split
+        rw, r_words = _words(r8, cfg.residual_bits(which)) if has_res else (a8, False)
         # Programs run roughly in grid order, dimension 0 fastest: token tiles, then heads.
         # HEADS_FAST (tuning only) puts heads first, so that programs running together write
         # a token's neighbouring head rows of a paged cache; on the H100 it was slower
@@ -433,8 +434,8 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
             layer_offsets if layer_offsets is not None else table, plan.num_kv_heads,
             plan.head_dim,
             WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], NTB=blk["NTB"], TB=blk["TB"], G=blk["G"],
-            C=blk["C"], BS=_pow2(cfg.num_sink_tokens), ES=es, A_BITS=cfg.anchor_bits,
-            R_BITS=cfg.residual_bits, HAS_RES=has_res, PAGED=dest.slot_mapping is not None,
+            C=blk["C"], BS=_pow2(cfg.num_sink_tokens), ES=es, A_BITS=cfg.bits(which),
+            R_BITS=cfg.residual_bits(which), HAS_RES=has_res, PAGED=dest.slot_mapping is not None,
             INTERPRET=interpreting(), ALIGN=align, A_WORDS=a_words, R_WORDS=r_words,
             EVEN_D=blk["EVEN_D"], SEC=plan.section_align, BS_SHIFT=bs_shift,
             SLOTS32=slots32,

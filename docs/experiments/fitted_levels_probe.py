@@ -83,7 +83,7 @@ def main() -> int:
     torch.set_num_threads(1)
     cap = capture_from_args(args)
     cfg = lynx_npu.get_codec("lynx").config
-    P, S, r = cfg.page_size, cfg.num_sink_tokens, cfg.residual_bits
+    P, S = cfg.page_size, cfg.num_sink_tokens
     out = {}
     for which in ("k", "v"):
         xs, ws = [], []
@@ -96,7 +96,8 @@ def main() -> int:
             xs.append(xf)
             ws.append(scale ** 2)
         xf, w = torch.cat(xs), torch.cat(ws)
-        lv = lynx_tables.levels(cfg.alpha(which), cfg.y_max).double()
+        r = cfg.residual_bits(which)
+        lv = lynx_tables.levels(cfg.alpha(which), cfg.y_max(which)).double()
         mags = lv[torch.arange(8) << r]
         alpha = torch.cat([-mags.flip(0), mags[1:]])             # 15 distinct levels
         q = lv[(1 << r) // 4:(1 << r) // 4 + 1]                 # +-0 at +-levels[2^r / 4]

@@ -147,10 +147,10 @@ class ScalarOnce:
             assert bool((sigma >= need).all())
         xfin = xc * lynx_ref.reciprocal_or_zero(sigma.unsqueeze(-1))
         xfin = lynx_ref._unchunked(xfin, axis, tp if axis == "channel" else d)
-        r = cfg.residual_bits
-        thr = lynx_tables.thresholds(cfg.alpha(which), cfg.y_max)
+        r = cfg.residual_bits(which)
+        thr = lynx_tables.thresholds(cfg.alpha(which), cfg.y_max(which))
         i = torch.searchsorted(thr, xfin.abs().contiguous(), right=True).to(torch.int64)
-        m = (i + cfg.bias) >> r
+        m = (i + cfg.bias(which)) >> r
         residual = (m << r) - i
         anchor = torch.where(xfin < 0, -m - 1, m)
         gamma = torch.stack([gmin, gmax]).to(x.dtype)
@@ -170,11 +170,11 @@ class ScalarOnce:
         axis = cfg.axis(which)
         neg = anchor < 0
         m = torch.where(neg, -anchor - 1, anchor)
-        i = m << cfg.residual_bits
+        i = m << cfg.residual_bits(which)
         if stage == "full":
             i = i - residual
-        lv = lynx_tables.levels(cfg.alpha(which), cfg.y_max)
-        mag = lv[i.clamp(0, cfg.y_max)]
+        lv = lynx_tables.levels(cfg.alpha(which), cfg.y_max(which))
+        mag = lv[i.clamp(0, cfg.y_max(which))]
         xfin = torch.where(neg, -mag, mag)
         chunks, _ = lynx_ref._chunked(xfin, axis, cfg.chunk_size)
         xn = lynx_ref._unchunked(chunks * sigma.unsqueeze(-1) + mu.unsqueeze(-1), axis,

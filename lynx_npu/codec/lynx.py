@@ -3,6 +3,7 @@
 scalar previews (``get_codec("lynx")``'s default): lynx_stream.py."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -70,8 +71,24 @@ class LynxCodec(Codec):
         from dataclasses import asdict
         return asdict(self.config)
 
+    def for_layer(self, layer: int, num_layers: int) -> "LynxCodec":
+        """The codec of layer ``layer`` of ``num_layers``: its own split where
+        ``layer_anchor_bits`` lists it (itself where the config has no per-layer plan)."""
+        cfg = self.config.for_layer(layer, num_layers)
+        if cfg is self.config:
+            return self
+        out = copy.copy(self)
+        out.config = cfg
+        return out
+
+    def _require_one_layer(self) -> None:
+        if self.config.per_layer:
+            raise ValueError("this lynx codec's anchor differs by layer (layer_anchor_bits): "
+                             "encode and decode a layer with codec.for_layer(layer, num_layers)")
+
     # -- whole layer -------------------------------------------------------------------------
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> EncodedLynx:
+        self._require_one_layer()
         validate_kv(k, v)
         anchors, residuals = [], []
         for pages, spans, rows in self._blocks(k.shape[1]):
@@ -84,6 +101,7 @@ class LynxCodec(Codec):
         return EncodedLynx(shape, dtype, self.stages, self.config, anchor, residual)
 
     def decode(self, enc: EncodedLynx, stage: str = "full"):
+        self._require_one_layer()
         enc.check_stage(stage)
         h, t, d = enc.shape
         ks, vs = [], []
@@ -97,6 +115,7 @@ class LynxCodec(Codec):
     # -- kernel layout <-> streams (differ with scalar_preview and recent_tokens) ------------
     def layer_to_stream(self, anchor, residual, shape, dtype):
         """A layer's kernel-layout buffers (lynx_npu.ops.compress) -> this codec's streams."""
+        self._require_one_layer()
         if self.config == self.config.kernel:
             return anchor, residual
         h, t, d = shape
@@ -116,6 +135,7 @@ class LynxCodec(Codec):
     def layer_from_stream(self, anchor, residual, shape, dtype):
         """This codec's streams (residual None: anchor stage) -> kernel-layout buffers; anchor
         stage pages with a recent-token window come with the residual that decodes them."""
+        self._require_one_layer()
         blocks = list(self._kernel_blocks(anchor, residual, shape, dtype))
         a = torch.cat([a.reshape(-1) for _, a, _ in blocks])
         if residual is None and not any(r is not None for *_, r in blocks):
@@ -160,6 +180,7 @@ class LynxCodec(Codec):
 
     # -- pages (the transport's unit) ---------------------------------------------------------
     def encode_pages(self, k: torch.Tensor, v: torch.Tensor) -> list[EncodedPage]:
+        self._require_one_layer()
         validate_kv(k, v)
         out = []
         for pages, spans, rows in self._blocks(k.shape[1]):
@@ -170,6 +191,7 @@ class LynxCodec(Codec):
 
     def decode_page(self, anchor, residual, token_start, token_end, *, num_kv_heads, head_dim,
                     dtype):
+        self._require_one_layer()
         anchor, residual, lay = self.kernel_page(anchor, residual, token_start, token_end,
                                                  num_kv_heads=num_kv_heads, head_dim=head_dim,
                                                  dtype=dtype)
@@ -182,6 +204,7 @@ class LynxCodec(Codec):
         lynx_npu.ops decompresses) with that layout; without the residual, scalar previews
         are expanded in place of the exact scalars, and a page with a recent-token window
         comes back with the residual that decodes it at the anchor stage."""
+        self._require_one_layer()
         self._check_page(token_start, token_end, num_kv_heads, head_dim, dtype)
         ns = page_sinks(self.config, token_start, token_end)
         span = PageSpan(-1, token_start, token_end, token_start + ns, ns)
@@ -248,8 +271,8 @@ class LynxCodec(Codec):
             if tp:
                 body = x[:, s0.body_start:s0.body_start + n * tp].reshape(h, n, tp, d).transpose(0, 1)
                 a, r, gamma, stats = lynx_ref.quantize(body, cfg, which)
-                _put(anchor, lay, f"{which}_codes", _pack_rows(a.reshape(n, -1), cfg.anchor_bits))
-                _put(residual, lay, f"{which}_res", _pack_rows(r.reshape(n, -1), cfg.residual_bits))
+                _put(anchor, lay, f"{which}_codes", _pack_rows(a.reshape(n, -1), cfg.bits(which)))
+                _put(residual, lay, f"{which}_res", _pack_rows(r.reshape(n, -1), cfg.residual_bits(which)))
                 _put(anchor, lay, f"{which}_gamma", gamma)
                 _put(anchor, lay, f"{which}_stats", stats)
             if s0.num_sink:
@@ -266,11 +289,11 @@ class LynxCodec(Codec):
             if tp:
                 count = h * tp * d
                 a = _unpack_rows(_get(anchor, lay, f"{which}_codes", torch.uint8),
-                                 cfg.anchor_bits, count).view(n, h, tp, d)
+                                 cfg.bits(which), count).view(n, h, tp, d)
                 r = None
                 if residual is not None:
                     r = _unpack_rows(_get(residual, lay, f"{which}_res", torch.uint8),
-                                     cfg.residual_bits, count).view(n, h, tp, d)
+                                     cfg.residual_bits(which), count).view(n, h, tp, d)
                 gamma = _get(anchor, lay, f"{which}_gamma", dtype).view(n, 2, h * d)
                 stats = _get(anchor, lay, f"{which}_stats", SCALAR_DTYPE).view(n, 2, -1)
                 parts.append(lynx_ref.dequantize(a, r, gamma, stats, cfg, which, dtype))

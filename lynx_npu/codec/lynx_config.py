@@ -1,11 +1,13 @@
 """Configuration of the Lynx hierarchical codec (Algorithm 1 of the Lynx paper + DESIGN §3).
 
 Every value is quantized to an 8-bit magnitude code ``I`` in ``[0, y_max]`` plus a sign, then
-split into an ``anchor_bits``-bit anchor (sign + top bits) and a ``residual_bits``-bit signed
-correction. ``y_max = (2**(anchor_bits-1) - 1) << residual_bits`` is the largest value whose
-anchor magnitude still fits beside the sign, so the chunk maximum (|x| = 1) is reconstructed
-exactly by the anchor alone and nothing is clamped (4+4: y_max = 112, anchor [-8, 7],
-residual [-8, 7]; the paper's literal 127 would need an 18-value anchor).
+split into an ``a``-bit anchor (sign + top bits) and an ``r = 8 - a``-bit signed correction.
+``y_max = (2**(a-1) - 1) << r`` is the largest value whose anchor magnitude still fits beside
+the sign, so the chunk maximum (|x| = 1) is reconstructed exactly by the anchor alone and
+nothing is clamped (4+4: y_max = 112, anchor [-8, 7], residual [-8, 7]; the paper's literal
+127 would need an 18-value anchor). K and V have a split each (``anchor_bits``,
+``v_anchor_bits``), and ``layer_anchor_bits`` widens the anchor of the layers where it matters
+(docs/codec.md, "Where the anchor's KL sits"): ``for_layer`` gives a layer's own config.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ class LynxConfig:
     v_chunk_size: int = 32       # values per V chunk (docs/codec.md: why not 64)
     alpha_k: float = 0.25        # alpha-law skew of the log transform, K (measured: README)
     alpha_v: float = 0.5         # alpha-law skew of the log transform, V
-    anchor_bits: int = 4         # sign + MSBs sent first; the residual holds 8 - anchor_bits
+    anchor_bits: int = 4         # K's sign + MSBs sent first; its residual holds 8 - anchor_bits
+    v_anchor_bits: int = 4       # V's
     k_axis: str = "channel"      # chunks of K: "channel" = C tokens of one channel (paper)
     v_axis: str = "token"        # chunks of V: "token" = C head_dim values of one token (KIVI)
     num_sink_tokens: int = 4     # leading tokens of the sequence sent exact with the anchor
@@ -40,6 +43,10 @@ class LynxConfig:
     # computed on those tokens at full precision, where attention looks most (docs/codec.md).
     # A stream format too: the kernels never see it.
     recent_tokens: int = 0
+    # (layer, K's anchor bits, V's) for the layers whose split differs from the one above, in
+    # layer order: a model's own (``lynx calibrate``). A per-layer plan: the kernels and the
+    # page layout see one layer's config (``for_layer``), never this.
+    layer_anchor_bits: tuple = ()
 
     def __post_init__(self):
         # Types as well as ranges: a config rebuilt from a frame's JSON parameters
@@ -56,6 +63,8 @@ class LynxConfig:
         for name in ("alpha_k", "alpha_v"):  # stored as float: alpha 3 and 3.0 are one config
             object.__setattr__(self, name, check_number(name, getattr(self, name), 0, 1e6))
         check_int("anchor_bits", self.anchor_bits, 2, TOTAL_BITS - 1)  # the residual: the rest
+        check_int("v_anchor_bits", self.v_anchor_bits, 2, TOTAL_BITS - 1)
+        object.__setattr__(self, "layer_anchor_bits", _layer_bits(self.layer_anchor_bits))
         for name in ("k_axis", "v_axis"):
             if not isinstance(getattr(self, name), str) or getattr(self, name) not in AXES:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {AXES}")
@@ -66,18 +75,38 @@ class LynxConfig:
         check_int("num_sink_tokens", self.num_sink_tokens, 0)
         check_int("recent_tokens", self.recent_tokens, 0)
 
-    @property
-    def residual_bits(self) -> int:
-        return TOTAL_BITS - self.anchor_bits
+    def bits(self, which: str) -> int:
+        """Anchor bits of ``which`` ("k" or "v")."""
+        return self.v_anchor_bits if which == "v" else self.anchor_bits
 
-    @property
-    def y_max(self) -> int:
-        return ((1 << (self.anchor_bits - 1)) - 1) << self.residual_bits
+    def residual_bits(self, which: str) -> int:
+        return TOTAL_BITS - self.bits(which)
 
-    @property
-    def bias(self) -> int:
+    def y_max(self, which: str) -> int:
+        return ((1 << (self.bits(which) - 1)) - 1) << self.residual_bits(which)
+
+    def bias(self, which: str) -> int:
         """Round-half-down bias (+7 for 4+4): the residual becomes a centred signed correction."""
-        return (1 << (self.residual_bits - 1)) - 1
+        return (1 << (self.residual_bits(which) - 1)) - 1
+
+    @property
+    def per_layer(self) -> bool:
+        return bool(self.layer_anchor_bits)
+
+    def for_layer(self, layer: int, num_layers: int) -> "LynxConfig":
+        """Layer ``layer``'s own config (of ``num_layers``): its split from
+        ``layer_anchor_bits`` (or the default one), and no per-layer plan. A listed layer the
+        model does not have is an error: the plan was made for another model."""
+        check_int("layer", layer, 0, num_layers - 1)
+        if not self.per_layer:
+            return self
+        last = self.layer_anchor_bits[-1][0]
+        if last >= num_layers:
+            raise ValueError(f"layer_anchor_bits names layer {last}, but the model has "
+                             f"{num_layers} layers: a plan calibrated for another model")
+        k, v = next(((kb, vb) for i, kb, vb in self.layer_anchor_bits if i == layer),
+                    (self.anchor_bits, self.v_anchor_bits))
+        return self.replace(anchor_bits=k, v_anchor_bits=v, layer_anchor_bits=())
 
     def alpha(self, which: str) -> float:
         return float(self.alpha_k if which == "k" else self.alpha_v)
@@ -92,10 +121,34 @@ class LynxConfig:
     @property
     def kernel(self) -> "LynxConfig":
         """This config without its stream formats: what lynx_npu.ops kernels are given."""
+        if self.per_layer:
+            raise ValueError("this config's anchor differs by layer (layer_anchor_bits): "
+                             "take a layer's config with for_layer(layer, num_layers)")
         return self.replace(scalar_preview=False, recent_tokens=0)
 
     def replace(self, **changes) -> "LynxConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _layer_bits(value) -> tuple:
+    """``layer_anchor_bits`` as a tuple of (layer, K bits, V bits) int triples, strictly
+    increasing in layer (JSON gives lists: the same checks then)."""
+    if not isinstance(value, (tuple, list)):
+        raise ValueError(f"layer_anchor_bits={value!r} must be a sequence of (layer, K's anchor "
+                         f"bits, V's) triples")
+    out = []
+    for item in value:
+        if not isinstance(item, (tuple, list)) or len(item) != 3:
+            raise ValueError(f"layer_anchor_bits entry {item!r} must be a (layer, K's anchor "
+                             f"bits, V's) triple")
+        check_int("layer_anchor_bits layer", item[0], 0)
+        for name, bits in zip(("K", "V"), item[1:]):
+            check_int(f"layer_anchor_bits {name} bits of layer {item[0]}", bits, 2, TOTAL_BITS - 1)
+        if out and item[0] <= out[-1][0]:
+            raise ValueError(f"layer_anchor_bits must list each layer once, in increasing "
+                             f"order: layer {item[0]} after {out[-1][0]}")
+        out.append(tuple(item))
+    return tuple(out)
 
 
 PRESETS: dict[str, LynxConfig] = {

@@ -91,8 +91,8 @@ def page_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.dty
     n = num_heads * num_tokens * head_dim
     es = _itemsize(dtype)
     gamma = 2 * num_heads * head_dim * es if num_tokens else 0
-    anchor = [("k_codes", packed_nbytes(n, cfg.anchor_bits)),
-              ("v_codes", packed_nbytes(n, cfg.anchor_bits)),
+    anchor = [("k_codes", packed_nbytes(n, cfg.bits("k"))),
+              ("v_codes", packed_nbytes(n, cfg.bits("v"))),
               ("k_gamma", gamma), ("v_gamma", gamma)]
     for which in "kv":
         nc = num_chunks(cfg.axis(which), num_heads, num_tokens, head_dim, cfg.chunk(which))
@@ -100,8 +100,8 @@ def page_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.dty
     if num_sink:
         sink = num_heads * num_sink * head_dim * es
         anchor += [("k_sink", sink), ("v_sink", sink)]
-    residual = [("k_res", packed_nbytes(n, cfg.residual_bits)),
-                ("v_res", packed_nbytes(n, cfg.residual_bits))]
+    residual = [("k_res", packed_nbytes(n, cfg.residual_bits("k"))),
+                ("v_res", packed_nbytes(n, cfg.residual_bits("v")))]
     a, a_n = _sections(anchor)
     r, r_n = _sections(residual)
     return PageLayout(num_tokens, num_sink, a, r, a_n, r_n)
@@ -201,8 +201,8 @@ def window_layout(cfg: LynxConfig, num_heads: int, head_dim: int, num_tokens: in
     scalar previews, ``k_wstats`` / ``v_wstats`` (float16 [2, n]: the exact mu, then sigma, of
     the chunks holding the rows, in the stats' order). -> (sections, bytes)."""
     n = num_heads * rows * head_dim
-    sizes = [("window", 4), ("k_wres", packed_nbytes(n, cfg.residual_bits)),
-             ("v_wres", packed_nbytes(n, cfg.residual_bits))]
+    sizes = [("window", 4), ("k_wres", packed_nbytes(n, cfg.residual_bits("k"))),
+             ("v_wres", packed_nbytes(n, cfg.residual_bits("v")))]
     if cfg.scalar_preview:
         for which in "kv":
             nc = window_chunks(cfg, which, num_heads, num_tokens, head_dim, rows)

@@ -122,10 +122,10 @@ def quantize(x: torch.Tensor, cfg: LynxConfig, which: str):
     xfin = xc * reciprocal_or_zero(sigma.float().unsqueeze(-1))
     xfin = _unchunked(xfin, axis, tp if axis == "channel" else d)
 
-    r = cfg.residual_bits
-    thr = lynx_tables.thresholds(cfg.alpha(which), cfg.y_max, device=x.device)
+    r = cfg.residual_bits(which)
+    thr = lynx_tables.thresholds(cfg.alpha(which), cfg.y_max(which), device=x.device)
     i = torch.searchsorted(thr, xfin.abs().contiguous(), right=True).to(torch.int64)
-    m = (i + cfg.bias) >> r
+    m = (i + cfg.bias(which)) >> r
     residual = (m << r) - i
     anchor = torch.where(xfin < 0, -m - 1, m)
 
@@ -139,14 +139,14 @@ def dequantize(anchor: torch.Tensor, residual: torch.Tensor | None, gamma: torch
     """Inverse of :func:`quantize`; ``residual=None`` gives the anchor stage. -> [n,H,Tp,D]."""
     n, h, tp, d = anchor.shape
     axis = cfg.axis(which)
-    r = cfg.residual_bits
+    r = cfg.residual_bits(which)
     neg = anchor < 0
     m = torch.where(neg, -anchor - 1, anchor)
     i = m << r
     if residual is not None:
         i = i - residual
-    lv = lynx_tables.levels(cfg.alpha(which), cfg.y_max, device=anchor.device)
-    mag = lv[i.clamp(0, cfg.y_max)]
+    lv = lynx_tables.levels(cfg.alpha(which), cfg.y_max(which), device=anchor.device)
+    mag = lv[i.clamp(0, cfg.y_max(which))]
     xfin = torch.where(neg, -mag, mag)
 
     a_len = tp if axis == "channel" else d

@@ -137,7 +137,7 @@ def window_tail(anchor: torch.Tensor, residual: torch.Tensor, stream: PageLayout
                 cfg: LynxConfig, h: int, d: int, rows: int) -> torch.Tensor:
     """A page's window (``rows`` > 0) from its stream buffers (1-D uint8) -> the bytes that
     follow its anchor (from ``window_start``: zero padding first)."""
-    tp, r = stream.num_tokens, cfg.residual_bits
+    tp = stream.num_tokens
     sections, end = window_layout(cfg, h, d, tp, rows)
     pad = window_start(stream) - stream.anchor_nbytes
     out = torch.zeros(pad + end, dtype=torch.uint8, device=anchor.device)
@@ -147,6 +147,7 @@ def window_tail(anchor: torch.Tensor, residual: torch.Tensor, stream: PageLayout
         if s.name == "window":
             dst.copy_(torch.tensor(list(rows.to_bytes(4, "little")), dtype=torch.uint8))
         elif s.name.endswith("_wres"):
+            r = cfg.residual_bits(s.name[0])
             codes = _rows(_section(residual, stream, s.name[0] + "_res"), r, h, tp, d)
             dst.copy_(pack_bits(codes[:, tp - rows:].reshape(-1), r))
         else:
@@ -185,11 +186,12 @@ def window_residual(anchor: torch.Tensor, stream: PageLayout, cfg: LynxConfig, h
     """The residual stream that decodes a windowed page at the anchor stage (``anchor`` 1-D, its
     window checked by ``window_of``): the window's codes and zero elsewhere; exact scalars = the
     expanded previews, with the window's chunks exact."""
-    tp, r = stream.num_tokens, cfg.residual_bits
+    tp = stream.num_tokens
     sections, _ = window_layout(cfg, h, d, tp, rows)
     tail = anchor[window_start(stream):]
     out = torch.zeros(stream.residual_nbytes, dtype=torch.uint8, device=anchor.device)
     for which in "kv":
+        r = cfg.residual_bits(which)
         codes = torch.zeros(h, tp, d, dtype=torch.int64, device=anchor.device)
         wres = next(s for s in sections if s.name == which + "_wres")
         codes[:, tp - rows:] = unpack_bits(tail[wres.offset:wres.offset + wres.nbytes], r,

@@ -232,9 +232,9 @@ def kernel_tables(cfg: LynxConfig, which: str, kind: str) -> torch.Tensor:
     """float32 [128]: lynx_tables thresholds padded with +inf, or levels padded with 1."""
     alpha = cfg.alpha(which)
     if kind == "thresholds":
-        t, fill = lynx_tables.thresholds(alpha, cfg.y_max), float("inf")
+        t, fill = lynx_tables.thresholds(alpha, cfg.y_max(which)), float("inf")
     else:
-        t, fill = lynx_tables.levels(alpha, cfg.y_max), 1.0
+        t, fill = lynx_tables.levels(alpha, cfg.y_max(which)), 1.0
     return torch.cat([t, torch.full((TABLE_SIZE - t.numel(),), fill)]).contiguous()
 
 
@@ -373,6 +373,9 @@ class AscendCBackend:
     def supports(self, cfg: LynxConfig, num_kv_heads: int, head_dim: int, dtype) -> str | None:
         if cfg.center not in _CENTERS:
             return f"center={cfg.center!r} (the kernels implement {', '.join(_CENTERS)})"
+        if cfg.anchor_bits != cfg.v_anchor_bits:
+            return (f"anchor_bits={cfg.anchor_bits} with v_anchor_bits={cfg.v_anchor_bits} "
+                    f"(one split for K and V)")
         # the largest page (sinks + a full body page) bounds the tiling's Unified Buffer plan
         return self._kernels.check(cfg, num_kv_heads, cfg.num_sink_tokens + cfg.page_size, head_dim, dtype)
 
@@ -446,7 +449,7 @@ class _NpuKernels:
         return (*cls._args(cfg), _CENTERS[cfg.center])
 
     def _table_pair(self, cfg: LynxConfig, kind: str, device) -> list[torch.Tensor]:
-        key = (cfg.alpha_k, cfg.alpha_v, cfg.anchor_bits, kind, str(device))
+        key = (cfg.alpha_k, cfg.alpha_v, cfg.anchor_bits, cfg.v_anchor_bits, kind, str(device))
         if key not in self._tables:
             self._tables[key] = [kernel_tables(cfg, w, kind).to(device) for w in "kv"]
         return self._tables[key]

@@ -219,6 +219,9 @@ def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:
         return f"center={cfg.center!r}"
     if dtype not in _DTYPE_CODE:
         return f"dtype {dtype} (float16, bfloat16, float32 only)"
+    if cfg.anchor_bits != cfg.v_anchor_bits:
+        return (f"anchor_bits={cfg.anchor_bits} with v_anchor_bits={cfg.v_anchor_bits} "
+                f"(one split for K and V)")
     return None
 
 
@@ -236,7 +239,7 @@ def _cached_params(cfg, num_kv_heads: int, head_dim: int, dtype, num_threads: in
     tabs = device_tables(cfg, torch.device("cpu"))
     if "bucket32" not in tabs:  # the vectorized lookup gathers 32-bit entries
         tabs["bucket32"] = tabs["bucket"].to(torch.int32)
-    p = _Params(num_kv_heads, head_dim, cfg.anchor_bits, cfg.residual_bits, cfg.bias, cfg.y_max,
+    p = _Params(num_kv_heads, head_dim, cfg.bits("k"), cfg.residual_bits("k"), cfg.bias("k"), cfg.y_max("k"),
                 _DTYPE_CODE[dtype], num_threads, int(cfg.center == "midrange"))
     for i, which in enumerate("kv"):
         t = tabs[which]

@@ -240,8 +240,8 @@ def signed_levels(alpha: float, y_max: int, anchor_bits: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _stacked(alpha_k: float, alpha_v: float, y_max: int):
-    tk, tv = quant_tables(alpha_k, y_max), quant_tables(alpha_v, y_max)
+def _stacked(alpha_k: float, y_max_k: int, alpha_v: float, y_max_v: int):
+    tk, tv = quant_tables(alpha_k, y_max_k), quant_tables(alpha_v, y_max_v)
     nb = max(len(tk.bucket), len(tv.bucket))
     bucket = np.zeros((2, nb), dtype=np.uint8)
     bucket[0, :len(tk.bucket)] = tk.bucket
@@ -258,25 +258,25 @@ _DEVICE_CACHE: dict = {}
 
 
 def device_tables(cfg, device: torch.device) -> dict:
-    """K and V tables of ``cfg`` stacked as [2, ...] tensors on ``device`` (cached)."""
-    key = (cfg.alpha_k, cfg.alpha_v, cfg.y_max, cfg.anchor_bits, str(device))
+    """K and V tables of ``cfg`` (each with its alpha and split) stacked as [2, ...] tensors
+    on ``device`` (cached)."""
+    key = (cfg.alpha_k, cfg.alpha_v, cfg.anchor_bits, cfg.v_anchor_bits, str(device))
     hit = _DEVICE_CACHE.get(key)
     if hit is None:
-        thr, lv, bucket, (tk, tv) = _stacked(float(cfg.alpha_k), float(cfg.alpha_v), cfg.y_max)
+        kv = [(float(cfg.alpha(w)), cfg.y_max(w), cfg.bits(w), cfg.residual_bits(w)) for w in "kv"]
+        thr, lv, bucket, (tk, tv) = _stacked(*kv[0][:2], *kv[1][:2])
         hit = {
             "thresholds": torch.from_numpy(thr).to(device),
             "levels": torch.from_numpy(lv).to(device),
             "bucket": torch.from_numpy(bucket).to(device),
             "bucket_len": bucket.shape[1],
             "signed_levels": torch.from_numpy(np.stack([
-                signed_levels(float(cfg.alpha_k), cfg.y_max, cfg.anchor_bits),
-                signed_levels(float(cfg.alpha_v), cfg.y_max, cfg.anchor_bits)])).to(device),
+                signed_levels(a, y, b) for a, y, b, _ in kv])).to(device),
             # the anchor stage's entries (ua << r) packed at ua: 2**anchor_bits neighbours, so
             # a warp's lookups spread over the banks instead of every 2**r-th word
             "anchor_levels": torch.from_numpy(np.stack([
-                _padded(signed_levels(float(a), cfg.y_max, cfg.anchor_bits)[
-                    np.arange(1 << cfg.anchor_bits) << cfg.residual_bits], 256)
-                for a in (cfg.alpha_k, cfg.alpha_v)])).to(device),
+                _padded(signed_levels(a, y, b)[np.arange(1 << b) << r], 256)
+                for a, y, b, r in kv])).to(device),
             "k": tk,
             "v": tv,
         }
@@ -288,12 +288,11 @@ def search_tables(cfg, device: torch.device
                   ) -> tuple[list[LogSearch], list[PolySearch | None], torch.Tensor]:
     """K and V LogSearch and PolySearch (None: the log) of ``cfg``, and the entries stacked
     [2, SEARCH_LEN] on ``device``."""
-    key = ("search", cfg.alpha_k, cfg.alpha_v, cfg.y_max, cfg.bias, str(device))
+    key = ("search", cfg.alpha_k, cfg.alpha_v, cfg.anchor_bits, cfg.v_anchor_bits, str(device))
     hit = _DEVICE_CACHE.get(key)
     if hit is None:
-        alphas = (float(cfg.alpha_k), float(cfg.alpha_v))
-        searches = [log_search(a, cfg.y_max, cfg.bias) for a in alphas]
-        hit = (searches, [poly_search(a, cfg.y_max) for a in alphas],
+        searches = [log_search(float(cfg.alpha(w)), cfg.y_max(w), cfg.bias(w)) for w in "kv"]
+        hit = (searches, [poly_search(float(cfg.alpha(w)), cfg.y_max(w)) for w in "kv"],
                torch.from_numpy(np.stack([s.entries for s in searches])).to(device))
         _DEVICE_CACHE[key] = hit
     return hit

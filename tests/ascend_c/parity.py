@@ -87,8 +87,8 @@ def page_views(cfg: LynxConfig, anchor: torch.Tensor, residual: torch.Tensor, sh
                 gamma=sec(anchor, a0, f"{w}_gamma"),
                 sink=sec(anchor, a0, f"{w}_sink") if s.num_sink else anchor[:0],
                 mu=stats[0], sigma=stats[1],
-                anchor=unpack_bits(sec(anchor, a0, f"{w}_codes"), cfg.anchor_bits, n, signed=True),
-                residual=unpack_bits(sec(residual, r0, f"{w}_res"), cfg.residual_bits, n, signed=True),
+                anchor=unpack_bits(sec(anchor, a0, f"{w}_codes"), cfg.bits(w), n, signed=True),
+                residual=unpack_bits(sec(residual, r0, f"{w}_res"), cfg.residual_bits(w), n, signed=True),
                 chunk_of=_chunk_ids(cfg.axis(w), h, s.num_tokens, d, cfg.chunk(w)))
         out.append((s, views))
         a0 += lay.anchor_nbytes

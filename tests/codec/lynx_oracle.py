@@ -12,8 +12,8 @@ def oracle_quantize(x: torch.Tensor, cfg, which: str):
     """x: [H, Tp, D] one page -> dict of anchor/residual codes [H,Tp,D] and per-value step."""
     h, tp, d = x.shape
     x = x.float().clone()
-    thr = lynx_tables.thresholds(cfg.alpha(which), cfg.y_max)
-    lv = lynx_tables.levels(cfg.alpha(which), cfg.y_max)
+    thr = lynx_tables.thresholds(cfg.alpha(which), cfg.y_max(which))
+    lv = lynx_tables.levels(cfg.alpha(which), cfg.y_max(which))
     anchor = torch.zeros(h, tp, d, dtype=torch.int64)
     residual = torch.zeros_like(anchor)
     spread = torch.zeros(h, tp, d)  # sigma * scale: xf units -> x units
@@ -38,7 +38,7 @@ def oracle_quantize(x: torch.Tensor, cfg, which: str):
             for t in range(tp):
                 for d0 in range(0, d, c):
                     chunks.append((hh, t, slice(d0, min(d0 + c, d))))
-    r = cfg.residual_bits
+    r = cfg.residual_bits(which)
     for idx in chunks:
         xn = x[idx]
         if cfg.center == "midrange":
@@ -55,7 +55,7 @@ def oracle_quantize(x: torch.Tensor, cfg, which: str):
         inv = 1.0 / sigma
         xf = xc * inv if torch.isfinite(inv) else torch.zeros_like(xc)
         i = (thr.unsqueeze(0) <= xf.abs().reshape(-1, 1)).sum(1).reshape(xf.shape)
-        m = (i + cfg.bias) >> r
+        m = (i + cfg.bias(which)) >> r
         residual[idx] = (m << r) - i
         anchor[idx] = torch.where(xf < 0, -m - 1, m)
         spread[idx] = spread[idx] * sigma

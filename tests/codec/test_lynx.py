@@ -27,9 +27,11 @@ def kv(h=2, t=64, d=16, dtype=torch.bfloat16, seed=0):
 @pytest.mark.parametrize("anchor_bits", SPLITS)
 @pytest.mark.parametrize("axis", ["channel", "token"])
 @pytest.mark.parametrize("v_chunk", [8, 16])  # V's chunk may differ from K's (8)
-def test_codes_match_naive_oracle(anchor_bits, axis, center, v_chunk):
+@pytest.mark.parametrize("v_split", ["same", "other"])  # and V's split from K's
+def test_codes_match_naive_oracle(anchor_bits, axis, center, v_chunk, v_split):
+    v_bits = anchor_bits if v_split == "same" else 2 + (anchor_bits - 1) % 6
     cfg = LynxConfig(page_size=32, chunk_size=8, v_chunk_size=v_chunk, anchor_bits=anchor_bits,
-                     v_axis=axis, num_sink_tokens=0, center=center)
+                     v_anchor_bits=v_bits, v_axis=axis, num_sink_tokens=0, center=center)
     k, v = kv(h=2, t=29, d=16, dtype=torch.float16)
     for which, x in (("k", k), ("v", v)):
         a, r, _, stats = lynx_ref.quantize(x.unsqueeze(0), cfg, which)
@@ -44,7 +46,7 @@ def test_code_ranges(anchor_bits):
     cfg = LynxConfig(anchor_bits=anchor_bits, page_size=64, chunk_size=16)
     k, _ = kv(t=200)
     a, r, _, _ = lynx_ref.quantize(k[:, :192].reshape(2, 3, 64, 16).transpose(0, 1), cfg, "k")
-    ra = cfg.residual_bits
+    ra = cfg.residual_bits("k")
     assert a.min() >= -(1 << (anchor_bits - 1)) and a.max() <= (1 << (anchor_bits - 1)) - 1
     assert r.min() >= -(1 << (ra - 1)) and r.max() <= (1 << (ra - 1)) - 1
     # the chunk maximum maps to |x| = 1 and the anchor alone reconstructs it (no clamping)
@@ -73,9 +75,9 @@ def test_error_within_the_rounding_interval(anchor_bits, axis):
     _, v = kv(h=2, t=40, d=16, dtype=torch.float32)
     a, r, gamma, stats = lynx_ref.quantize(v.unsqueeze(0), cfg, "v")
     _, _, spread, lv = oracle_quantize(v, cfg, "v")
-    thr = lynx_tables.thresholds(cfg.alpha_v, cfg.y_max)
+    thr = lynx_tables.thresholds(cfg.alpha_v, cfg.y_max("v"))
     full_tol = torch.maximum(lv[1:] - thr, torch.cat([thr[1:], lv[-1:]]) - lv[1:]).max()
-    anchor_grid = lv[:: 1 << cfg.residual_bits]
+    anchor_grid = lv[:: 1 << cfg.residual_bits("v")]
     anchor_tol = (anchor_grid[1:] - anchor_grid[:-1]).max()
     for res, tol in ((None, anchor_tol), (r, full_tol)):
         x_hat = lynx_ref.dequantize(a, res, gamma, stats, cfg, "v", torch.float32)[0]
@@ -236,10 +238,55 @@ def test_paper_preset_keeps_literal_axes():
                                  dict(alpha_k=0), dict(alpha_v=-1), dict(anchor_bits=1),
                                  dict(anchor_bits=8), dict(v_axis="head"),
                                  dict(num_sink_tokens=-1), dict(center="median"), dict(bogus=1), dict(preset="nope"),
-                                 dict(v_chunk_size=0), dict(v_axis="channel", v_chunk_size=48)])
+                                 dict(v_chunk_size=0), dict(v_axis="channel", v_chunk_size=48),
+                                 dict(v_anchor_bits=8), dict(v_anchor_bits=1),
+                                 dict(layer_anchor_bits=5), dict(layer_anchor_bits=((1, 5),)),
+                                 dict(layer_anchor_bits=((2, 5, 4), (1, 5, 4))),
+                                 dict(layer_anchor_bits=((1, 5, 4), (1, 6, 4))),
+                                 dict(layer_anchor_bits=((1, 8, 4),)),
+                                 dict(layer_anchor_bits=((-1, 5, 4),)),
+                                 dict(layer_anchor_bits=(("1", 5, 4),))])
 def test_bad_config_is_a_value_error(bad):
     with pytest.raises(ValueError):
         lynx_npu.get_codec("lynx", **bad)
+
+
+def test_each_tensor_has_its_own_split():
+    """A 5-bit K anchor changes K's codes, bytes and error only: V's are the default's."""
+    k, v = kv(t=300)
+    base, wide = lynx_npu.get_codec("lynx"), lynx_npu.get_codec("lynx", anchor_bits=5)
+    eb, ew = base.encode(k, v), wide.encode(k, v)
+    n = k.numel()
+    assert ew.nbytes("anchor") - eb.nbytes("anchor") == pytest.approx(n / 8, abs=64 * 8)
+    assert ew.nbytes("full") == eb.nbytes("full")
+    for stage in ("anchor", "full"):
+        (bk, bv), (wk, wv) = base.decode(eb, stage), wide.decode(ew, stage)
+        assert torch.equal(bv, wv)
+        assert ((wk.float() - k.float()) ** 2).sum() < ((bk.float() - k.float()) ** 2).sum()
+
+
+def test_for_layer_gives_each_layer_its_split():
+    plan = ((1, 5, 4), (3, 4, 6))
+    codec = lynx_npu.get_codec("lynx", layer_anchor_bits=plan)
+    assert codec.for_layer(0, 4).config == lynx_npu.get_codec("lynx").config
+    assert codec.for_layer(1, 4).config == lynx_npu.get_codec("lynx", anchor_bits=5).config
+    assert codec.for_layer(3, 4).config == lynx_npu.get_codec("lynx", v_anchor_bits=6).config
+    assert codec.for_layer(1, 4).name == "lynx" and codec.for_layer(1, 4).stages == codec.stages
+    # JSON gives lists: the same plan
+    assert lynx_npu.get_codec("lynx", layer_anchor_bits=[list(p) for p in plan]).config == \
+        codec.config
+    assert lynx_npu.get_codec("lynx").for_layer(2, 4) is not None
+    with pytest.raises(ValueError, match="layer 3, but the model has 3 layers"):
+        codec.for_layer(0, 3)
+    with pytest.raises(ValueError, match="layer=4 must be in"):
+        codec.for_layer(4, 4)
+    k, v = kv(t=40)
+    with pytest.raises(ValueError, match="for_layer"):
+        codec.encode(k, v)
+    with pytest.raises(ValueError, match="for_layer"):
+        codec.encode_pages(k, v)
+    enc = codec.for_layer(1, 4).encode(k, v)
+    assert torch.equal(enc.anchor, lynx_npu.get_codec("lynx", anchor_bits=5).encode(k, v).anchor)
 
 
 @settings(max_examples=40, deadline=None)

@@ -105,6 +105,30 @@ def test_per_tensor_chunks_equal_reference(v_axis, v_chunk, head_dim, center, dt
             assert torch.equal(gk.cpu(), wk) and torch.equal(gv.cpu(), wv), (t, stage)
 
 
+# K and V with splits of their own (launch.py: each tensor's launch takes its own bits and
+# tables): the K-only wide anchor of a calibrated layer (5 + 3 beside 4 + 4), and the reverse.
+PER_TENSOR_SPLITS = [(5, 4, "token", torch.bfloat16), (4, 5, "token", torch.float16),
+                     (6, 3, "channel", torch.bfloat16), (2, 7, "token", torch.float32)]
+
+
+@pytest.mark.parametrize("k_bits,v_bits,v_axis,dtype", PER_TENSOR_SPLITS)
+def test_per_tensor_splits_equal_reference(k_bits, v_bits, v_axis, dtype):
+    """Compressed bytes and both decompressed stages equal the reference."""
+    cfg = config(anchor_bits=k_bits, v_anchor_bits=v_bits, v_axis=v_axis)
+    for t in SIZES[:2] + SIZES[-1:]:
+        k, v = random_kv(HEADS, t, HEAD_DIM, dtype, seed=t)
+        a, r = poisoned_compress(k.to(DEVICE), v.to(DEVICE), cfg, "triton")
+        want = reference_streams(cfg, k, v)
+        assert torch.equal(a, want[0]) and torch.equal(r, want[1]), f"{t} tokens"
+        enc = codec(cfg)._wrap(tuple(k.shape), dtype, a, r)
+        for stage, res in (("anchor", None), ("full", r)):
+            out = tuple(torch.full(k.shape, float("nan"), dtype=dtype, device=DEVICE) for _ in "kv")
+            gk, gv = ops.decompress(a.to(DEVICE), res.to(DEVICE) if res is not None else None,
+                                    cfg, k.shape, dtype, backend="triton", out=out)
+            wk, wv = codec(cfg).decode(enc, stage)
+            assert torch.equal(gk.cpu(), wk) and torch.equal(gv.cpu(), wv), (t, stage)
+
+
 def test_refuses_a_v_chunk_not_a_power_of_two():
     cfg = config(v_chunk_size=48)
     k, v = random_kv(HEADS, 8, HEAD_DIM, torch.bfloat16)

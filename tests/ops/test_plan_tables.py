@@ -47,20 +47,20 @@ def test_page_plan_counts_from_the_page():
 @pytest.mark.parametrize("anchor_bits", [2, 3, 4, 6, 7])
 def test_bucket_lookup_is_searchsorted(alpha, anchor_bits):
     cfg = LynxConfig(center="mean", anchor_bits=anchor_bits, alpha_k=alpha)
-    thr = lynx_tables.thresholds(alpha, cfg.y_max)
+    thr = lynx_tables.thresholds(alpha, cfg.y_max("k"))
     g = torch.Generator().manual_seed(0)
     x = torch.cat([torch.rand(50000, generator=g) * 1.001, torch.rand(20000, generator=g) * 1e-3,
                    thr, torch.nextafter(thr, torch.zeros(1)), torch.nextafter(thr, torch.ones(1)),
                    torch.tensor([0.0, 1.0, 1.0004, 3.0])])
     want = torch.searchsorted(thr, x, right=True)
-    assert torch.equal(codes_via_buckets(x, quant_tables(alpha, cfg.y_max)), want)
-    search = log_search(alpha, cfg.y_max, cfg.bias)
+    assert torch.equal(codes_via_buckets(x, quant_tables(alpha, cfg.y_max("k"))), want)
+    search = log_search(alpha, cfg.y_max("k"), cfg.bias("k"))
     # exact whatever the float32 log2 returns within its error bound (the GPU's is approximate)
     for err in (0.0, 2.0 ** -21, -(2.0 ** -21)):
-        assert torch.equal(codes_via_log_search(x, search, cfg.bias, err), want)
-    poly = poly_search(alpha, cfg.y_max)
+        assert torch.equal(codes_via_log_search(x, search, cfg.bias("k"), err), want)
+    poly = poly_search(alpha, cfg.y_max("k"))
     if poly is not None:
-        assert torch.equal(codes_via_poly_search(x, poly, search, cfg.bias), want)
+        assert torch.equal(codes_via_poly_search(x, poly, search, cfg.bias("k")), want)
 
 
 def test_poly_search_where_the_alpha_law_is_nearly_linear():
@@ -69,16 +69,16 @@ def test_poly_search_where_the_alpha_law_is_nearly_linear():
     neighbours each side) is coded exactly."""
     cfg = LynxConfig(center="midrange")
     for alpha in (cfg.alpha_k, cfg.alpha_v):
-        poly = poly_search(float(alpha), cfg.y_max)
+        poly = poly_search(float(alpha), cfg.y_max("k"))
         assert poly is not None, alpha
-        thr = lynx_tables.thresholds(float(alpha), cfg.y_max)
+        thr = lynx_tables.thresholds(float(alpha), cfg.y_max("k"))
         near = (thr.view(torch.int32)[:, None] + torch.arange(-4096, 4097)).view(torch.float32)
         x = near.flatten().clamp(0.0, 1.0)
         want = torch.searchsorted(thr, x, right=True)
-        got = codes_via_poly_search(x, poly, log_search(float(alpha), cfg.y_max, cfg.bias),
-                                    cfg.bias)
+        got = codes_via_poly_search(x, poly, log_search(float(alpha), cfg.y_max("k"), cfg.bias("k")),
+                                    cfg.bias("k"))
         assert torch.equal(got, want), alpha
-    assert poly_search(255.0, cfg.y_max) is None and poly_search(3.0, cfg.y_max) is None
+    assert poly_search(255.0, cfg.y_max("k")) is None and poly_search(3.0, cfg.y_max("k")) is None
 
 
 def test_log_search_refuses_an_alpha_too_small_for_float32():
