@@ -200,17 +200,27 @@ class LynxObjectCodec:
             out.append(_Group(layers, tokens, hidden // hd, dtype))
         return out
 
-    def _pages(self, g: _Group):
-        return self.serde.page_nbytes(g.num_tokens, g.num_kv_heads, self.config.head_dim,
-                                      g.dtype)
+    @staticmethod
+    def _layers(groups: list[_Group]):
+        """(group index, group, its layer, the model's layer, the model's layers) of every layer: the
+        groups hold the model's layers in order."""
+        total, first = sum(g.num_layers for g in groups), 0
+        for gi, g in enumerate(groups):
+            for layer in range(g.num_layers):
+                yield gi, g, layer, first + layer, total
+            first += g.num_layers
+
+    def _serde(self, model_layer: int, num_layers: int):
+        return self.serde.for_layer(model_layer, num_layers)  # a split may differ by layer
+
+    def _pages(self, g: _Group, model_layer: int, num_layers: int):
+        return self._serde(model_layer, num_layers).page_nbytes(
+            g.num_tokens, g.num_kv_heads, self.config.head_dim, g.dtype)
 
     def payload_nbytes(self, groups: list[_Group]) -> int:
-        total = 0
-        for g in groups:
-            per_layer = sum(a + ((r or 0) if self.num_streams > 1 else 0)
-                            for _, _, a, r in self._pages(g))
-            total += g.num_layers * per_layer
-        return total
+        return sum(a + ((r or 0) if self.num_streams > 1 else 0)
+                   for _, g, _, ml, n in self._layers(groups)
+                   for _, _, a, r in self._pages(g, ml, n))
 
     def nbytes(self, shapes, dtypes) -> int:
         """The exact serialized size of an object of this layout."""
@@ -237,14 +247,14 @@ class LynxObjectCodec:
                              f"needs {need}")
         hd = self.config.head_dim
         streams: list[list] = [[] for _ in range(self.num_streams)]
-        for t, g in zip(tensors, groups):
-            for layer in range(g.num_layers):
-                k, v = (t[i, layer].reshape(g.num_tokens, g.num_kv_heads, hd)
-                        .transpose(0, 1).contiguous() for i in range(KV_SIZE))
-                for page in self.serde.encode(k, v).wait().pages:
-                    streams[0].append(page.anchor)
-                    if self.num_streams > 1:
-                        streams[1].append(page.residual)
+        for gi, g, layer, ml, n in self._layers(groups):
+            t = tensors[gi]
+            k, v = (t[i, layer].reshape(g.num_tokens, g.num_kv_heads, hd)
+                    .transpose(0, 1).contiguous() for i in range(KV_SIZE))
+            for page in self._serde(ml, n).encode(k, v).wait().pages:
+                streams[0].append(page.anchor)
+                if self.num_streams > 1:
+                    streams[1].append(page.residual)
         pos = HEADER_NBYTES
         for frames in streams:
             for f in frames:
@@ -309,20 +319,19 @@ class LynxObjectCodec:
         mv = memoryview(payload)
         pos = [0, 0]
         starts = [0, 0]
-        starts[1] = sum(g.num_layers * sum(a for _, _, a, _ in self._pages(g)) for g in groups)
+        starts[1] = sum(a for _, g, _, ml, n in self._layers(groups)
+                        for _, _, a, _ in self._pages(g, ml, n))
         pos[1] = starts[1]
-        for t, g in zip(tensors, groups):
-            pages = self._pages(g)
-            for layer in range(g.num_layers):
-                for ts, te, an, rn in pages:
-                    anchor = mv[pos[0]:pos[0] + an]
-                    pos[0] += an
-                    residual = None
-                    if self.num_streams > 1:
-                        residual = mv[pos[1]:pos[1] + rn]
-                        pos[1] += rn
-                    k, v = self.serde.decode_page(anchor, residual, ts, te,
-                                                  num_kv_heads=g.num_kv_heads, head_dim=hd,
-                                                  dtype=g.dtype)
-                    for i, x in enumerate((k, v)):
-                        t[i, layer, ts:te].copy_(x.transpose(0, 1).reshape(te - ts, -1))
+        for gi, g, layer, ml, n in self._layers(groups):
+            t, serde = tensors[gi], self._serde(ml, n)
+            for ts, te, an, rn in self._pages(g, ml, n):
+                anchor = mv[pos[0]:pos[0] + an]
+                pos[0] += an
+                residual = None
+                if self.num_streams > 1:
+                    residual = mv[pos[1]:pos[1] + rn]
+                    pos[1] += rn
+                k, v = serde.decode_page(anchor, residual, ts, te, num_kv_heads=g.num_kv_heads,
+                                         head_dim=hd, dtype=g.dtype)
+                for i, x in enumerate((k, v)):
+                    t[i, layer, ts:te].copy_(x.transpose(0, 1).reshape(te - ts, -1))

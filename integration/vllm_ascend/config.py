@@ -34,7 +34,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from lynx_npu.codec.registry import get_codec, list_codecs
+from lynx_npu.codec.registry import get_codec, list_codecs, parameter_names
 from lynx_npu.transport.lmcache_store import LMCacheConfig
 from lynx_npu.transport.mooncake_engine import MooncakeConfig
 
@@ -128,12 +128,14 @@ def check_codec(name: str, codec) -> None:
         raise ValueError(f"{name}={codec!r} is not a codec; codecs: {', '.join(list_codecs())}")
 
 
-def declared_codecs() -> tuple:
+def declared_codecs(config: "LynxConnectorConfig | None" = None) -> tuple:
     """What both sides announce in the transport's handshake: every registered codec with the
-    parameters this build gives it (requests name codecs only by name). A prefill and a decode
-    instance whose builds differ in any codec parameter or in the payload format are refused
-    at connection time, naming the difference, instead of exchanging frames."""
-    return tuple(get_codec(name) for name in list_codecs())
+    parameters this build and ``config`` give it (requests name codecs only by name). A prefill
+    and a decode instance whose builds or per-layer plans differ in any codec parameter or in
+    the payload format are refused at connection time, naming the difference, instead of
+    exchanging frames."""
+    return tuple(config.codec_for(name) if config is not None else get_codec(name)
+                 for name in list_codecs())
 
 
 def secret_bits(secret: str) -> float:
@@ -200,6 +202,10 @@ class LynxConnectorConfig:
     # decode side reads every anchor before any residual; its port names its objects)
     lmcache_dir: str | None = None     # the shared L2 directory (required for lmcache)
     lmcache_l1_mb: int = 256           # this instance's LMCache L1 (host memory)
+    # The model's per-layer anchor plan, [[layer, K's anchor bits, V's], ...], as `lynx
+    # calibrate` writes it (docs/codec.md); every Lynx codec takes it. Both instances need the
+    # same plan: the handshake refuses a difference.
+    layer_anchor_bits: tuple | None = None
 
     def __post_init__(self):
         if self.role not in ROLES.values():
@@ -225,6 +231,9 @@ class LynxConnectorConfig:
             check_secret(self.secret)
         if self.transport not in TRANSPORTS:
             raise ValueError(f"{self.transport=} must be one of {list(TRANSPORTS)}")
+        if self.layer_anchor_bits is not None:  # the codec's own checks, as a tuple of triples
+            plan = get_codec("lynx", layer_anchor_bits=self.layer_anchor_bits).config
+            object.__setattr__(self, "layer_anchor_bits", plan.layer_anchor_bits)
         self.mooncake_config()  # checks mooncake_host, mooncake_protocol, mooncake_device
         if self.gbps is not None and self.transport == "mooncake" and self.role == "producer":
             raise ValueError(f"gbps={self.gbps!r} on the prefill instance: over Mooncake the "
@@ -278,6 +287,12 @@ class LynxConnectorConfig:
             if name in extra:
                 extra[name] = parse_bool(name, extra[name])
         return cls(role=ROLES[kv_role], **extra)
+
+    def codec_for(self, name: str):
+        """Codec ``name`` as this instance uses it: with the per-layer plan where it has one."""
+        if self.layer_anchor_bits and "layer_anchor_bits" in parameter_names(name):
+            return get_codec(name, layer_anchor_bits=self.layer_anchor_bits)
+        return get_codec(name)
 
     @property
     def secret_bytes(self) -> bytes | None:

@@ -89,7 +89,7 @@ class ProducerWorker:
             raise ValueError(f"request {job.req_id}: no decode peer (set 'peer' in "
                              f"kv_connector_extra_config or in kv_transfer_params['lynx'])")
         name = params.codec or self.config.codec
-        codec = lynx_npu.get_codec(name)
+        codec = self.config.codec_for(name)
         serde = self._serdes.get(name)
         if serde is None:
             serde = self._serdes[name] = serde_for(codec)
@@ -109,8 +109,8 @@ class ProducerWorker:
         if dtype == kv.dtype:
             layers = serde.encode_layers(kv, slots.to(kv.device))
         else:  # wire_dtype: the cast needs the tokens gathered first
-            layers = (serde.encode(*(x.to(dtype) for x in kv.read(i, slots)))
-                      for i in range(kv.num_layers))
+            layers = (serde.for_layer(i, kv.num_layers).encode(
+                *(x.to(dtype) for x in kv.read(i, slots))) for i in range(kv.num_layers))
         try:
             for layer in layers:
                 feed.put(_without_residual(layer) if params.drop_residual else layer)

@@ -21,7 +21,7 @@ def make_receiver(config: LynxConnectorConfig, rank: int, on_encoded: OnEncoded)
                          deadline_s=config.transfer_timeout_s,
                          num_decode_threads=config.num_decode_threads,
                          defer_residual=config.defer_residual, secret=config.secret_bytes,
-                         codecs=declared_codecs())
+                         codecs=declared_codecs(config))
     if config.transport == "mooncake":
         from lynx_npu.transport.mooncake import MooncakeReceiver
         return MooncakeReceiver(cfg, config.mooncake_config(), on_encoded=on_encoded)
@@ -55,17 +55,17 @@ class Senders:
                 self._engine = MooncakeEngine(c.mooncake_config())
             return MooncakeSender(SenderConfig(port=port, host=host,
                                                deadline_s=c.transfer_timeout_s,
-                                               secret=c.secret_bytes, codecs=declared_codecs()),
+                                               secret=c.secret_bytes, codecs=declared_codecs(c)),
                                   self._engine)
         if c.transport == "lmcache":
             from lynx_npu.transport.lmcache import LMCacheSender
             return LMCacheSender(SenderConfig(port=port, host=host,
                                               deadline_s=c.transfer_timeout_s,
-                                              codecs=declared_codecs()), c.lmcache_config())
+                                              codecs=declared_codecs(c)), c.lmcache_config())
         return Sender(SenderConfig(port=port, host=host, gbps=c.gbps,
                                    num_connections=c.num_connections,
                                    deadline_s=c.transfer_timeout_s, secret=c.secret_bytes,
-                                   codecs=declared_codecs()))
+                                   codecs=declared_codecs(c)))
 
     def close(self) -> int:
         """Close every sender (and the Mooncake engine); -> how many senders were open."""

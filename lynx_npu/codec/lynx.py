@@ -10,7 +10,7 @@ import torch
 
 from . import lynx_ref, lynx_stream
 from .base import Codec, Encoded, EncodedPage, check_page, validate_kv
-from .lynx_config import LynxConfig, make_config
+from .lynx_config import LynxConfig, make_config, plan_text
 from .lynx_layout import (SCALAR_DTYPE, PageLayout, PageSpan, page_layout, page_sinks, page_spans,
                           stream_layout, window_nbytes, window_rows)
 from .packing import pack_bits, packed_nbytes, unpack_bits
@@ -69,7 +69,9 @@ class LynxCodec(Codec):
 
     def params(self) -> dict:
         from dataclasses import asdict
-        return asdict(self.config)
+        params = asdict(self.config)
+        params["layer_anchor_bits"] = plan_text(self.config.layer_anchor_bits)  # a scalar
+        return params
 
     def for_layer(self, layer: int, num_layers: int) -> "LynxCodec":
         """The codec of layer ``layer`` of ``num_layers``: its own split where

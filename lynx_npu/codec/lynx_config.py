@@ -12,6 +12,7 @@ nothing is clamped (4+4: y_max = 112, anchor [-8, 7], residual [-8, 7]; the pape
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 from .base import check_int, check_number
@@ -130,9 +131,21 @@ class LynxConfig:
         return dataclasses.replace(self, **changes)
 
 
+def plan_text(plan: tuple) -> str:
+    """``layer_anchor_bits`` as the compact JSON text codec parameters carry (frames and the
+    handshake take scalar parameters only): ``[[18,5,4],[23,5,4]]``, ``[]`` for none."""
+    return json.dumps([list(t) for t in plan], separators=(",", ":"))
+
+
 def _layer_bits(value) -> tuple:
     """``layer_anchor_bits`` as a tuple of (layer, K bits, V bits) int triples, strictly
-    increasing in layer (JSON gives lists: the same checks then)."""
+    increasing in layer, from a sequence or its JSON text (``plan_text``)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"layer_anchor_bits={value[:64]!r} is not JSON text of "
+                             f"[[layer, K's anchor bits, V's], ...]") from None
     if not isinstance(value, (tuple, list)):
         raise ValueError(f"layer_anchor_bits={value!r} must be a sequence of (layer, K's anchor "
                          f"bits, V's) triples")

@@ -16,6 +16,9 @@ header has its own version (lynx_npu.wire.VERSION).
     format 3  lynx's ``recent_tokens``: the page(s) holding a layer's last tokens carry their
               residual codes and exact scalars after the anchor (lynx_layout.window_layout).
     format 4  lynx's ``v_chunk_size``: V's chunks have their own size (``chunk_size`` is K's).
+    format 5  lynx's ``v_anchor_bits`` (V's split; ``anchor_bits`` is K's) and
+              ``layer_anchor_bits`` (a split per layer, the JSON text of [[layer, K, V], ...]:
+              parameters on the wire are scalars).
 
 Bump PAYLOAD_FORMAT whenever any codec's bytes, parameters or defaults change meaning, and
 regenerate the golden payloads (tests/wire/make_golden.py).
@@ -31,7 +34,7 @@ CODEC_IDS: dict[str, int] = {
     "bf16": 1, "int8": 2, "int4": 3, "kivi4": 4, "quantspec": 5, "cachegen": 6,
     "lynx-int4": 7, "lynx-int8": 8, "lynx": 9,
 }
-PAYLOAD_FORMAT = 4
+PAYLOAD_FORMAT = 5
 FORMAT_KEY = "payload_format"
 
 _FACTORIES: dict[str, Callable[..., Codec]] = {}

@@ -4,7 +4,9 @@ A codec spec is ``name`` or ``name:key=value:key=value`` (e.g. ``lynx:preset=pap
 ``--codec-arg name:key=value`` (repeatable) adds an override to every selected spec of that
 codec name (a value written in the spec itself wins). A spec's label in reports is its name
 and every override, in the same syntax. Values parse as int, float, bool
-(true/false) or None (none), else stay strings.
+(true/false), None (none) or a JSON list (``[...]``, e.g. ``--codec-arg
+'lynx:layer_anchor_bits=[[18,5,4],[23,5,4]]'``; in ``--codec-arg`` only, since specs are
+comma separated), else stay strings.
 """
 from __future__ import annotations
 
@@ -32,6 +34,12 @@ def parse_value(text: str):
         return low == "true"
     if low == "none":
         return None
+    if low.startswith("["):
+        import json
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{text!r} is not a JSON list: {e}") from None
     for cast in (int, float):
         try:
             return cast(text)

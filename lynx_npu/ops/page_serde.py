@@ -83,6 +83,11 @@ class PageSerde(abc.ABC):
     def two_stream(self) -> bool:
         return len(self.stages) > 1
 
+    def for_layer(self, layer: int, num_layers: int) -> "PageSerde":
+        """The serde of layer ``layer`` of ``num_layers``: this one, unless the codec's split
+        differs by layer (per_layer_serde.py)."""
+        return self
+
     @abc.abstractmethod
     def page_nbytes(self, num_tokens: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype) -> list[tuple[int, int, int, int | None]]:
@@ -129,7 +134,7 @@ class PageSerde(abc.ABC):
         """Every layer of a PagedKVCache (``slot_mapping[t]``: token t of the request), in
         order, each as soon as it is encoded (kernels that can, take all layers at once)."""
         for i in range(cache.num_layers):
-            yield self.encode_cache(cache.layer(i), slot_mapping)
+            yield self.for_layer(i, cache.num_layers).encode_cache(cache.layer(i), slot_mapping)
 
     def decode_layers(self, pages: Mapping[int, Sequence[WirePage]], cache,
                       slot_mapping: torch.Tensor, wire_dtype: torch.dtype | None = None) -> str:
@@ -137,7 +142,8 @@ class PageSerde(abc.ABC):
         one launch for all where the kernels can). -> the backend that decoded."""
         used = "none"
         for layer, layer_pages in sorted(pages.items()):
-            used = self.decode_into(layer_pages, cache.layer(layer), slot_mapping, wire_dtype)
+            used = self.for_layer(layer, cache.num_layers).decode_into(
+                layer_pages, cache.layer(layer), slot_mapping, wire_dtype)
         return used
 
     def compress_backend(self, device, num_kv_heads: int, head_dim: int, dtype) -> str:
@@ -152,7 +158,8 @@ def serde_for(codec, backend: str | None = None) -> PageSerde:
     Lynx codecs (else the device's automatic choice, ops/backends.py)."""
     from .baseline_serde import BaselineSerde
     from .lynx_serde import LYNX_VARIANTS, LynxSerde
+    from .per_layer_serde import PerLayerSerde
 
     if getattr(codec, "name", None) in LYNX_VARIANTS:
-        return LynxSerde(codec, backend)
+        return (PerLayerSerde if codec.config.per_layer else LynxSerde)(codec, backend)
     return BaselineSerde(codec, backend)

@@ -11,6 +11,7 @@ kernel reads the layout); ``row_offsets`` is what a kernel with a fused gather r
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -100,6 +101,13 @@ class PagedKVCache:
                 deltas.append(d // es)
             out.append(tuple(deltas))
         return out[0], out[1]
+
+    def subset(self, layers: Sequence[int]) -> "PagedKVCache":
+        """These layers only (layer j of the result is ``layers[j]``): a batch of layers that
+        share a codec config (ops/per_layer_serde.py)."""
+        for i in layers:
+            self.layer(i)  # range check
+        return dataclasses.replace(self, layers=tuple(self.layers[i] for i in layers))
 
     def slots(self, block_ids: Sequence[int], token_start: int, token_end: int) -> torch.Tensor:
         return slots_for_blocks(block_ids, self.block_size, token_start, token_end)

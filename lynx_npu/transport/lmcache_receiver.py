@@ -287,8 +287,10 @@ class LMCacheReceiver(KVReceiver):
                 codec, serde = self._codec(frame.codec_id, frame.params)
             except ValueError as e:
                 raise WireError(f"cannot build its codec: {e}") from None
-            sizes = serde.page_nbytes(frame.num_tokens, frame.num_kv_heads, frame.head_dim,
-                                      DTYPES[frame.dtype])
+            # each layer's own sizes: a codec's split may differ by layer
+            sizes = [serde.for_layer(i, frame.num_layers).page_nbytes(
+                frame.num_tokens, frame.num_kv_heads, frame.head_dim, DTYPES[frame.dtype])
+                for i in range(frame.num_layers)]
         except WireError as e:
             error = TransferError(f"request {rid}: header object: {e}")
             log.warning("%s", error)
@@ -298,7 +300,7 @@ class LMCacheReceiver(KVReceiver):
         base = HEADER_SIZE + len(frame.params)
         anchors, residuals = {}, {}
         for layer in range(frame.num_layers):
-            for page, (t0, t1, a, r) in enumerate(sizes):
+            for page, (t0, t1, a, r) in enumerate(sizes[layer]):
                 key = self.store.key(self.space, rid, int(Kind.ANCHOR), layer, page)
                 anchors[key] = _Want(int(Kind.ANCHOR), layer, page, t0, t1, base + a)
                 if r is not None and has_residual:
@@ -339,7 +341,7 @@ class LMCacheReceiver(KVReceiver):
                                     memoryview(job.residual) if full else None)
                     handle.apply(job, page, None, full, self._hand_on)
                     continue
-                k, v = handle.serde.decode_page(
+                k, v = handle.serde.for_layer(job.layer, handle.num_layers).decode_page(
                     job.anchor, job.residual, job.token_start, job.token_end,
                     num_kv_heads=handle.num_kv_heads, head_dim=handle.head_dim,
                     dtype=handle.dtype)

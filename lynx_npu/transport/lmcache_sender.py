@@ -109,7 +109,7 @@ class LMCacheSender(KVSender):
                              "head_dim]")
         meta = self._meta(codec, len(layers), k0.shape[1], k0.shape[0], k0.shape[2], k0.dtype)
         serde = self._serde(codec, meta)
-        return self._submit(request_id, meta, ((i, serde.encode(*layers[i]))
+        return self._submit(request_id, meta, ((i, serde.for_layer(i, len(layers)).encode(*layers[i]))
                                                for i in range(len(layers))), deadline_s)
 
     def send_layers(self, request_id: int, codec, layers: Iterable[EncodedLayer], *,

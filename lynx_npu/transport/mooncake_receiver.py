@@ -472,7 +472,7 @@ class MooncakeReceiver(KVReceiver):
                                     memoryview(job.residual) if full else None)
                     handle.apply(job, page, None, full, self._hand_on)
                     continue
-                k, v = handle.serde.decode_page(
+                k, v = handle.serde.for_layer(job.layer, handle.num_layers).decode_page(
                     job.anchor, job.residual, job.token_start, job.token_end,
                     num_kv_heads=handle.num_kv_heads, head_dim=handle.head_dim,
                     dtype=handle.dtype)

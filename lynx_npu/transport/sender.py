@@ -286,8 +286,8 @@ class Sender(KVSender):
                              "head_dim]")
         meta = self._meta(codec, len(layers), k0.shape[1], k0.shape[0], k0.shape[2], k0.dtype)
         serde = self._serde(codec, meta)
-        return self._submit(request_id, meta, ((i, serde.encode(*layers[i]), DATA_KINDS)
-                                               for i in range(len(layers))), deadline_s)
+        return self._submit(request_id, meta, ((i, serde.for_layer(i, len(layers)).encode(*layers[i]),
+                                                DATA_KINDS) for i in range(len(layers))), deadline_s)
 
     def send_layers(self, request_id: int, codec, layers: Iterable[EncodedLayer], *,
                     num_layers: int, num_tokens: int, num_kv_heads: int, head_dim: int,

@@ -245,7 +245,8 @@ def test_paper_preset_keeps_literal_axes():
                                  dict(layer_anchor_bits=((1, 5, 4), (1, 6, 4))),
                                  dict(layer_anchor_bits=((1, 8, 4),)),
                                  dict(layer_anchor_bits=((-1, 5, 4),)),
-                                 dict(layer_anchor_bits=(("1", 5, 4),))])
+                                 dict(layer_anchor_bits=(("1", 5, 4),)),
+                                 dict(layer_anchor_bits="[[1, 5"), dict(layer_anchor_bits="{}")])
 def test_bad_config_is_a_value_error(bad):
     with pytest.raises(ValueError):
         lynx_npu.get_codec("lynx", **bad)

@@ -170,15 +170,19 @@ def check_request(name: str, layout: str, device, backend=None, num_layers=3, h=
     layers = list(serde.encode_layers(src, slots))
     assert len(layers) == num_layers
     received = {}
+    # a codec with a split per layer (layer_anchor_bits) encodes layer i with its own
+    per_layer = [codec.for_layer(i, num_layers) if hasattr(codec, "for_layer") else codec
+                 for i in range(num_layers)]
     for i, layer in enumerate(layers):
-        assert_same_bytes(layer.wait(), reference_pages(codec, *kv[i]))
+        assert_same_bytes(layer.wait(), reference_pages(per_layer[i], *kv[i]))
         two = serde.two_stream and i % 2 == 0
         received[i] = [type(p)(p.index, p.token_start, p.token_end, p.anchor, None) if two
                        else p for p in layer.pages]
     used = serde.decode_layers(received, dst, slots)
     for i, (k, v) in enumerate(kv):
         stage = "anchor" if serde.two_stream and i % 2 == 0 else "full"
-        wk, wv = reference_kv(codec, reference_pages(codec, k, v), h, d, dtype, stage)
+        ref = per_layer[i]
+        wk, wv = reference_kv(ref, reference_pages(ref, k, v), h, d, dtype, stage)
         gk, gv = dst.read(i, slots)
         assert torch.equal(gk.cpu(), wk) and torch.equal(gv.cpu(), wv), (i, stage)
     return used

@@ -140,6 +140,31 @@ def test_every_layer_of_a_request_with_its_window():
     assert check_request("lynx", "vllm_cpu", "cpu", num_layers=2, t=2100) == "cpu"
 
 
+# A split per layer (layer_anchor_bits): each layer's bytes and values are its own config's,
+# the layers of one config one batch (ops/per_layer_serde.py).
+LAYER_PLANS = {"one wide layer": ((1, 5, 5),), "two splits": ((0, 6, 6), (3, 3, 3))}
+
+
+@pytest.mark.parametrize("name", ["lynx", "lynx-int8"])
+@pytest.mark.parametrize("plan", list(LAYER_PLANS.values()), ids=list(LAYER_PLANS))
+def test_every_layer_of_a_request_with_a_split_per_layer(name, plan):
+    assert check_request(name, "vllm_cpu", "cpu", num_layers=4, layer_anchor_bits=plan) == "cpu"
+
+
+def test_a_split_per_layer_needs_the_layer():
+    serde = serde_for(small_codec("lynx", layer_anchor_bits=((1, 5, 5),)))
+    k, v = random_kv(2, 40, 32, torch.bfloat16)
+    with pytest.raises(ValueError, match="for_layer"):
+        serde.encode(k, v)
+    with pytest.raises(ValueError, match="for_layer"):
+        serde.page_nbytes(40, 2, 32, torch.bfloat16)
+    wide, base = serde.for_layer(1, 4), serde.for_layer(0, 4)
+    assert wide.config.anchor_bits == 5 and base.config.anchor_bits == 4
+    assert serde.for_layer(2, 4) is base
+    assert bytes(wide.encode(k, v).wait().pages[0].anchor) == \
+        small_codec("lynx", anchor_bits=5, v_anchor_bits=5).encode_pages(k, v)[0].anchor.numpy().tobytes()
+
+
 @pytest.mark.parametrize("name,stage", [("lynx", "anchor"), ("lynx", "full"),
                                         ("lynx-int8", "full"), ("int8", "full")])
 @pytest.mark.parametrize("which", ["all", "a run", "a gap"])

@@ -24,6 +24,8 @@ def small_codec(name: str = "lynx"):
     """Real codecs with small pages so a few hundred tokens make several frames per layer."""
     if name in ("lynx", "lynx-int4", "lynx-int8"):
         return lynx_npu.get_codec(name, page_size=64)
+    if name == "lynx-plan":  # a split per layer: layer 1's K anchor of 5 bits
+        return lynx_npu.get_codec("lynx", page_size=64, layer_anchor_bits=((1, 5, 4),))
     codec = lynx_npu.get_codec(name)
     codec.page_size = 64
     return codec
@@ -32,10 +34,12 @@ def small_codec(name: str = "lynx"):
 def expected_kv(codec, layers, stage: str = "full"):
     """What the receiver must hold: codec.decode_page of the very pages the sender sends."""
     out = []
-    for k, v in layers:
+    for i, (k, v) in enumerate(layers):
         ks, vs = [], []
-        for p in codec.encode_pages(k, v):
-            kp, vp = codec.decode_page(p.anchor, p.residual if stage == "full" else None,
+        # a split per layer (layer_anchor_bits): layer i as its own codec
+        layer_codec = codec.for_layer(i, len(layers)) if codec.name.startswith("lynx") else codec
+        for p in layer_codec.encode_pages(k, v):
+            kp, vp = layer_codec.decode_page(p.anchor, p.residual if stage == "full" else None,
                                        p.token_start, p.token_end, num_kv_heads=k.shape[0],
                                        head_dim=k.shape[2], dtype=k.dtype)
             ks.append(kp)

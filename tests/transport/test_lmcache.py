@@ -56,7 +56,7 @@ def object_path(directory, request_id, kind, layer=0, page=0) -> pathlib.Path:
     return pathlib.Path(directory) / f"lynx-{PORT}@0x00000000@0@{digest}@{salt}.data"
 
 
-@pytest.mark.parametrize("name", ["lynx", "lynx-int4", "int8", "bf16"])
+@pytest.mark.parametrize("name", ["lynx", "lynx-int4", "int8", "bf16", "lynx-plan"])
 def test_round_trip_is_exact(lmc, name):
     rx, tx = lmc()
     codec, layers = small_codec(name), make_layers(num_layers=3, num_tokens=300)

@@ -13,7 +13,8 @@ from .helpers import H, D, assert_kv_equal, expected_kv, make_layers, pair, smal
 WAIT = 30  # seconds: a bound, never reached when the code works
 
 
-@pytest.mark.parametrize("name", ["bf16", "int8", "int4", "lynx", "lynx-int4", "quantspec"])
+@pytest.mark.parametrize("name", ["bf16", "int8", "int4", "lynx", "lynx-int4", "quantspec",
+                                  "lynx-plan"])
 def test_every_codec_arrives_bit_identical(name):
     codec, layers = small_codec(name), make_layers(num_layers=2, num_tokens=197)
     with pair() as (receiver, sender, _):

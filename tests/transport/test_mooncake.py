@@ -166,7 +166,7 @@ def test_sender_options_that_do_not_apply_are_refused():
 # -- with the engine ---------------------------------------------------------------------------
 
 @needs_engine
-@pytest.mark.parametrize("name", ["lynx", "lynx-int4", "int8", "bf16"])
+@pytest.mark.parametrize("name", ["lynx", "lynx-int4", "int8", "bf16", "lynx-plan"])
 def test_every_page_arrives_bit_identical(name):
     codec, layers = small_codec(name), make_layers(num_layers=2, num_tokens=197)
     with _Pair() as (receiver, sender):

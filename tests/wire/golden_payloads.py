@@ -1,5 +1,5 @@
 """Golden payloads: real ``get_codec(...).encode_pages`` output on a small fixed KV, frozen as
-payload format 4 (lynx_npu.codec.registry.PAYLOAD_FORMAT) in frame format 3.
+payload format 5 (lynx_npu.codec.registry.PAYLOAD_FORMAT) in frame format 3.
 
 For every case, tests/wire/make_golden.py writes to golden/payload/:
 
@@ -47,6 +47,8 @@ CASES: dict[str, Case] = {
     # 1033 tokens (>= 64 x 16): a recent-token window of 16, 11 rows in one page, 5 in the last
     "lynx_window": Case("lynx", torch.bfloat16, {"page_size": 64, "chunk_size": 16,
                                                  "recent_tokens": 16}, (1, 1033, 8)),
+    # a K anchor of 5 bits beside V's 4 (a calibrated layer's split, lynx_config.for_layer)
+    "lynx_k5": Case("lynx", torch.bfloat16, {"anchor_bits": 5}),
     "lynx_int4": Case("lynx-int4", torch.bfloat16),
     "lynx_int8": Case("lynx-int8", torch.float16),
     "int8": Case("int8", torch.float16),

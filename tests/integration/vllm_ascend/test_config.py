@@ -186,3 +186,28 @@ def test_both_sides_declare_the_registry_and_a_different_build_is_refused():
                       for c in declared_codecs())
         with pytest.raises(IncompatiblePeerError, match="alpha_k"):
             Sender(SenderConfig(port=receiver.port, codecs=other))
+
+
+def test_a_per_layer_plan_reaches_every_lynx_codec_and_both_sides_must_agree():
+    """``layer_anchor_bits`` (what `lynx calibrate` writes) is checked as the codec checks it,
+    given to every Lynx codec, and a decode instance without the prefill's plan refuses it in
+    the handshake, naming the parameter."""
+    from lynx_npu.transport import IncompatiblePeerError, Receiver, ReceiverConfig, Sender, \
+        SenderConfig
+
+    from lynx_npu.integration.vllm_ascend.config import declared_codecs
+
+    plan = [[18, 5, 4], [23, 5, 4]]
+    c = LynxConnectorConfig.from_vllm("kv_producer", {"layer_anchor_bits": plan})
+    assert c.layer_anchor_bits == ((18, 5, 4), (23, 5, 4))
+    assert c.codec_for("lynx").config.layer_anchor_bits == c.layer_anchor_bits
+    assert c.codec_for("lynx-int8").config.layer_anchor_bits == c.layer_anchor_bits
+    assert c.codec_for("int8").params() == {"page_size": 256}
+    for bad, match in ((plan[::-1], "increasing order"), ([[18, 9, 4]], "K bits of layer 18"),
+                       ([18, 5, 4], "must be a .layer, K's anchor bits, V's. triple")):
+        with pytest.raises(ValueError, match=match):
+            LynxConnectorConfig.from_vllm("kv_producer", {"layer_anchor_bits": bad})
+    consumer = LynxConnectorConfig.from_vllm("kv_consumer", {})
+    with Receiver(ReceiverConfig(codecs=declared_codecs(consumer), handshake_timeout_s=5)) as r:
+        with pytest.raises(IncompatiblePeerError, match="layer_anchor_bits"):
+            Sender(SenderConfig(port=r.port, codecs=declared_codecs(c)))
