@@ -31,6 +31,8 @@ COMMANDS: dict[tuple[str | None, str], tuple[str, str]] = {
                             "paged cache -> compress -> loopback TCP -> decompress into a cache"),
     ("bench", "ttkt"): ("lynx_npu.integration.vllm_ascend.tools.ttkt_sweep",
                         "TTFT/TT64 of lynx vs int8 across prompt lengths and link rates"),
+    (None, "calibrate"): ("lynx_npu.eval.calibrate_cmd",
+                          "the layers whose anchor a model needs wider (layer_anchor_bits)"),
     (None, "demo"): ("lynx_npu.integration.vllm_ascend.tools.demo",
                      "prefill + decode vLLM instances with Lynx KV transfer"),
 }

