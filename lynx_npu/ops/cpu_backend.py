@@ -49,16 +49,14 @@ _LOCK = threading.Lock()
 
 
 class _Table(ctypes.Structure):
-    _fields_ = [("thresholds", ctypes.c_void_p), ("levels", ctypes.c_void_p),
-                ("bucket", ctypes.c_void_p), ("shift", ctypes.c_int64),
-                ("key_lo", ctypes.c_int64), ("num_probes", ctypes.c_int64),
-                ("token_axis", ctypes.c_int64), ("chunk", ctypes.c_int64)]
+    _fields_ = [(n, ctypes.c_void_p) for n in ("thresholds", "levels", "bucket")] + [
+        (n, ctypes.c_int64) for n in ("shift", "key_lo", "num_probes", "token_axis", "chunk",
+                                      "anchor_bits", "residual_bits", "bias", "y_max")]
 
 
 class _Params(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int64) for n in ("num_heads", "head_dim", "anchor_bits",
-                                              "residual_bits", "bias", "y_max", "dtype",
-                                              "num_threads", "midrange")] + [("t", _Table * 2)]
+    _fields_ = [(n, ctypes.c_int64) for n in ("num_heads", "head_dim", "dtype", "num_threads",
+                                              "midrange")] + [("t", _Table * 2)]
 
 
 class _Dest(ctypes.Structure):
@@ -176,7 +174,7 @@ def _open(path: pathlib.Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.lynx_cpu_abi.restype = ctypes.c_int64
     lib.lynx_cpu_abi.argtypes = [ctypes.c_int64]
-    want = {0: 3, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
+    want = {0: 4, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
     for what, value in want.items():
         got = lib.lynx_cpu_abi(what)
         if got != value:
@@ -214,14 +212,12 @@ def build_info(name: str | None = None) -> dict:
 
 
 def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:
-    # Any chunk size of K or V: the kernel falls back to its plain C++ where a fast path lacks it.
+    # Any chunk size and split of K or V: the kernel falls back to its plain C++ where a fast
+    # path lacks it.
     if cfg.center not in ("mean", "midrange"):
         return f"center={cfg.center!r}"
     if dtype not in _DTYPE_CODE:
         return f"dtype {dtype} (float16, bfloat16, float32 only)"
-    if cfg.anchor_bits != cfg.v_anchor_bits:
-        return (f"anchor_bits={cfg.anchor_bits} with v_anchor_bits={cfg.v_anchor_bits} "
-                f"(one split for K and V)")
     return None
 
 
@@ -239,8 +235,8 @@ def _cached_params(cfg, num_kv_heads: int, head_dim: int, dtype, num_threads: in
     tabs = device_tables(cfg, torch.device("cpu"))
     if "bucket32" not in tabs:  # the vectorized lookup gathers 32-bit entries
         tabs["bucket32"] = tabs["bucket"].to(torch.int32)
-    p = _Params(num_kv_heads, head_dim, cfg.bits("k"), cfg.residual_bits("k"), cfg.bias("k"), cfg.y_max("k"),
-                _DTYPE_CODE[dtype], num_threads, int(cfg.center == "midrange"))
+    p = _Params(num_kv_heads, head_dim, _DTYPE_CODE[dtype], num_threads,
+                int(cfg.center == "midrange"))
     for i, which in enumerate("kv"):
         t = tabs[which]
         token_axis = cfg.axis(which) == "token"
@@ -249,7 +245,8 @@ def _cached_params(cfg, num_kv_heads: int, head_dim: int, dtype, num_threads: in
         chunk = min(cfg.chunk(which), head_dim) if token_axis else cfg.chunk(which)
         p.t[i] = _Table(tabs["thresholds"][i].data_ptr(), tabs["levels"][i].data_ptr(),
                         tabs["bucket32"][i].data_ptr(), t.shift, t.key_lo, t.num_probes,
-                        int(token_axis), chunk)
+                        int(token_axis), chunk, cfg.bits(which), cfg.residual_bits(which),
+                        cfg.bias(which), cfg.y_max(which))
     return p, tabs
 
 

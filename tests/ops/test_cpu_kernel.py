@@ -2,8 +2,8 @@
 this CPU runs (``LYNX_CPU_ISA``, cpu_backend.py): native, avx2 and scalar in every check, a
 forced avx512 build once.
 
-Bytes: equal to the reference for every size, split, axis, chunk centre, sink count, dtype and
-pair of K / V chunk sizes.
+Bytes: equal to the reference for every size, split, axis, chunk centre, sink count, dtype,
+pair of K / V chunk sizes and pair of K / V splits.
 Values: decompression of reference streams equals the reference decoder bit for bit, dense,
 paged (every layout) and per page. Every output buffer is poisoned first, so an unwritten byte
 fails the test. Each check computes the reference once and compares every ISA's build with it.
@@ -49,9 +49,12 @@ def each_isa(monkeypatch):
     return isas
 
 
-def config(anchor_bits=4, v_axis="token", sinks=4, center="midrange", **kw):
-    return LynxConfig(center=center, anchor_bits=anchor_bits, v_axis=v_axis,
-                      k_axis="token" if v_axis == "channel" else "channel",
+def config(anchor_bits=4, v_axis="token", sinks=4, center="midrange", v_anchor_bits=None,
+           **kw):
+    """anchor_bits: K's split, and V's unless v_anchor_bits gives V one of its own."""
+    return LynxConfig(center=center, anchor_bits=anchor_bits,
+                      v_anchor_bits=anchor_bits if v_anchor_bits is None else v_anchor_bits,
+                      v_axis=v_axis, k_axis="token" if v_axis == "channel" else "channel",
                       num_sink_tokens=sinks, **kw)
 
 
@@ -327,6 +330,47 @@ def test_v_chunk_sizes_paged(layout, v_axis, each_isa):
                                          v_axis=v_axis, v_chunk_size=v_chunk) == "cpu", isa
             assert check_encode_cache("lynx", layout, "random", "cpu", "cpu", d=64,
                                       v_axis=v_axis, v_chunk_size=v_chunk) == "cpu", isa
+
+
+# (K's anchor bits, V's): a K-only wide anchor (5 + 3 beside 4 + 4, as a calibrated layer's)
+# and the reverse, so that each tensor in turn is the one the AVX-512 paths code and decode as
+# packed nibbles while the other takes the generic packing and the plain C++ decoder; and splits
+# far apart.
+SPLIT_PAIRS = [(5, 4), (4, 5), (6, 3), (2, 7)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float32])
+@pytest.mark.parametrize("v_axis", ["token", "channel"])
+@pytest.mark.parametrize("bits", SPLIT_PAIRS)
+def test_k_and_v_splits(bits, v_axis, dtype, each_isa):
+    """Bytes and values (dense, both stages) when K and V have splits of their own: 4 sinks
+    and ragged token counts (5: one body token; 257 and 1000: a short last page of 128)."""
+    for center in CENTERS:
+        cfg = config(bits[0], v_axis, center=center, v_anchor_bits=bits[1], page_size=128)
+        for t in (5, 257, 1000):
+            k, v = random_kv(2, t, 64, dtype, seed=t)
+            note = (center, t)
+            check_decompress(each_isa, cfg, k, v,
+                             check_compress(each_isa, k, v, cfg, note), note)
+
+
+@pytest.mark.parametrize("v_axis", ["token", "channel"])
+@pytest.mark.parametrize("layout", sorted(KV_CACHE_LAYOUTS))
+def test_k_and_v_splits_paged(layout, v_axis, each_isa):
+    """K 5 + 3 with V 4 + 4 and the reverse, decompressed into every paged layout, whole layers
+    and page by page; and through the page serde (encode_pages' bytes, decode_page's values)."""
+    for k_bits, v_bits in SPLIT_PAIRS[:2]:
+        cfg = config(k_bits, v_axis, v_anchor_bits=v_bits, page_size=128)
+        splits = dict(v_axis=v_axis, anchor_bits=k_bits, v_anchor_bits=v_bits)
+        for isa in each_isa():
+            for stage in ("anchor", "full"):
+                check_paged(layout, stage, "cpu", "cpu", d=64, cfg=cfg)
+                if layout == "vllm_ascend":  # check_pages writes that layout
+                    check_pages(stage, "cpu", "cpu", t=300, d=128, cfg=cfg)
+                assert check_decode_into("lynx", layout, stage, "cpu", "cpu", d=64,
+                                         **splits) == "cpu", isa
+            assert check_encode_cache("lynx", layout, "random", "cpu", "cpu", d=64,
+                                      **splits) == "cpu", isa
 
 
 def test_roundtrip_interchange_with_torch_backend(monkeypatch):

@@ -142,7 +142,8 @@ def test_every_layer_of_a_request_with_its_window():
 
 # A split per layer (layer_anchor_bits): each layer's bytes and values are its own config's,
 # the layers of one config one batch (ops/per_layer_serde.py).
-LAYER_PLANS = {"one wide layer": ((1, 5, 5),), "two splits": ((0, 6, 6), (3, 3, 3))}
+LAYER_PLANS = {"one wide layer": ((1, 5, 5),), "two splits": ((0, 6, 6), (3, 3, 3)),
+               "K-only": ((1, 5, 4), (2, 5, 4))}
 
 
 @pytest.mark.parametrize("name", ["lynx", "lynx-int8"])

@@ -40,19 +40,21 @@ constexpr int F_CODES = F_SECTION, F_GAMMA = F_SECTION + 2, F_STATS = F_SECTION 
 constexpr int F_PADS = F_SECTION + 10, NUM_PADS = 8, NUM_FIELDS = F_PADS + 2 * NUM_PADS;
 constexpr uint32_t ONE_BITS = 0x3F800000u;
 
-// One of K (t[0]) and V (t[1]): its code tables, chunk axis and chunk size, so the two may
-// differ (LynxConfig.chunk_size, v_chunk_size).
+// One of K (t[0]) and V (t[1]): its code tables, chunk axis, chunk size and anchor / residual
+// split, so the two may differ (LynxConfig.chunk_size, v_chunk_size, anchor_bits,
+// v_anchor_bits).
 struct Table {
   const float* thresholds;  // [128 + 2], +inf padded
   const float* levels;      // [128]
   const int32_t* bucket;
   int64_t shift, key_lo, num_probes, token_axis;
   int64_t chunk;  // values per chunk; on the token axis at most head_dim (cpu_backend.py)
+  int64_t anchor_bits, residual_bits, bias, y_max;  // LynxConfig.bits(which), ... of this one
 };
 
 struct Params {
-  int64_t num_heads, head_dim, anchor_bits, residual_bits, bias, y_max, dtype, num_threads,
-      midrange;  // midrange: 1 = centre (max + min) / 2, 0 = mean
+  int64_t num_heads, head_dim, dtype, num_threads;
+  int64_t midrange;  // 1 = centre (max + min) / 2, 0 = mean
   Table t[2];
 };
 
@@ -342,17 +344,17 @@ void put_rows(const raw* tile, const int64_t* at, int64_t n, int64_t D, raw* out
 
 // Codes of xf[0..n): anchor and residual (signed, not yet packed). Written so that GCC
 // vectorizes it (gathers from the int32 bucket table and the thresholds).
-void quantize_codes(const float* __restrict xf, int64_t n, const Table& tb, const Params& p,
+void quantize_codes(const float* __restrict xf, int64_t n, const Table& tb,
                     int8_t* __restrict a, int8_t* __restrict r) {
-  const int shift = (int)tb.shift, key_lo = (int)tb.key_lo, rb = (int)p.residual_bits;
-  const int bias = (int)p.bias;
+  const int shift = (int)tb.shift, key_lo = (int)tb.key_lo, rb = (int)tb.residual_bits;
+  const int bias = (int)tb.bias;
   const float* __restrict thr = tb.thresholds;
   const int32_t* __restrict bucket = tb.bucket;
   const int64_t probes = tb.num_probes;
   int64_t i0 = 0;
 #if defined(LYNX_AVX512)
   {
-    const Coder512 coder(Search512(tb.thresholds), p);
+    const Coder512 coder(Search512(tb.thresholds), tb);
     for (; i0 + 16 <= n; i0 += 16) coder(_mm512_loadu_ps(xf + i0), a + i0, r + i0);
   }
 #endif
@@ -572,9 +574,9 @@ bool compress_item(const Params& p, int which, const int64_t* row, const typenam
       chunk_rows(p, tb, buf, r0, rows, tp, gmin, gmax, mu16, mu16 + total_chunks,
                  s.tree, colmax, mu, sig);
       const int64_t n = rows * D, e0 = (h * tp + r0) * D;
-      quantize_codes(buf + r0 * D, n, tb, p, s.a.data(), s.r.data());
-      pack(s.a.data(), n, (int)p.anchor_bits, codes, e0 * p.anchor_bits);
-      pack(s.r.data(), n, (int)p.residual_bits, res, e0 * p.residual_bits);
+      quantize_codes(buf + r0 * D, n, tb, s.a.data(), s.r.data());
+      pack(s.a.data(), n, (int)tb.anchor_bits, codes, e0 * tb.anchor_bits);
+      pack(s.r.data(), n, (int)tb.residual_bits, res, e0 * tb.residual_bits);
     }
   }
   return finite;
@@ -631,7 +633,7 @@ struct Decoders {
 #endif
   explicit Decoders(const Params& p) {
 #if defined(LYNX_AVX512)
-    for (int w = 0; w < 2; ++w) decode_tables(p, p.t[w], t[w]);
+    for (int w = 0; w < 2; ++w) decode_tables(p.t[w], t[w]);
 #else
     (void)p;
 #endif
@@ -677,7 +679,7 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
   const bool token_axis = tb.token_axis != 0;
   const int64_t nct = (tp + C - 1) / C, ncd = (D + C - 1) / C;
   const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
-  const int rb = (int)p.residual_bits, ab = (int)p.anchor_bits, ymax = (int)p.y_max;
+  const int rb = (int)tb.residual_bits, ab = (int)tb.anchor_bits, ymax = (int)tb.y_max;
   std::vector<float> gmin(D), scale(D), mu(D), sig(D);
   std::vector<int32_t>& ia = s.ia;
   std::vector<int32_t>& ir = s.ir;
@@ -787,7 +789,7 @@ extern "C" {
 // Layout constants the Python side checks before the first call.
 int64_t lynx_cpu_abi(int64_t what) {
   switch (what) {
-    case 0: return 3;  // ABI version (3: a chunk size per K / V, in Table)
+    case 0: return 4;  // ABI version (4: a split per K / V, in Table)
     case 1: return NUM_FIELDS;
     case 2: return (int64_t)sizeof(Params);
     case 3: return (int64_t)sizeof(Dest);

@@ -13,6 +13,7 @@
 // transposing shuffle tree), then the codes, four registers at a time so that four searches
 // overlap; the 4 + 4 split's nibbles are packed in registers, other splits through pack().
 // The two normalising multiplications (by 1 / scale, 1 / sigma) and the searches bound it.
+// K and V each have their own split (Table), so each takes the paths of its own.
 // Decompress (4 + 4 split) reads 16 bytes of each stream per 32 values and decodes the even and
 // the odd values of the group in two registers, so nibbles never need reordering; bf16 / f16
 // results are interleaved on the way out. Token-contiguous paged K (vLLM CPU) is decoded into a
@@ -215,9 +216,9 @@ struct Coder512T {
   Search search;
   __m512i bias;
   __m128i shift;
-  Coder512T(const Search& s, const Params& p)
-      : search(s), bias(_mm512_set1_epi32((int)p.bias)),
-        shift(_mm_cvtsi32_si128((int)p.residual_bits)) {}
+  Coder512T(const Search& s, const Table& tb)
+      : search(s), bias(_mm512_set1_epi32((int)tb.bias)),
+        shift(_mm_cvtsi32_si128((int)tb.residual_bits)) {}
   // m and res of N registers; m is already ~m (-m - 1) for negative xf.
   template <int N>
   inline void codes(const __m512* xf, __m512i* m, __m512i* res) const {
@@ -578,7 +579,7 @@ bool compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
   const Table& tb = p.t[which];
   const int64_t H = p.num_heads, D = p.head_dim, C = tb.chunk, ns = D / 16;
   const bool token_axis = tb.token_axis != 0;
-  const bool packed44 = p.anchor_bits == 4 && p.residual_bits == 4;
+  const bool packed44 = tb.anchor_bits == 4 && tb.residual_bits == 4;  // this tensor's split
   const int64_t sh = strides[0], st = strides[1];
   const int64_t nct = (tp + C - 1) / C, ncd = D / C;
   const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
@@ -592,9 +593,9 @@ bool compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
   s.r.resize(block * D);
   float* gmin = s.gmin.data();
   float* scale = s.gmax.data();  // gmax, then recip_or_zero(gmax - gmin)
-  const SegSearch512 seg(tb.thresholds, p.y_max);
-  const Coder512T<SegSearch512> seg_coder(seg, p);
-  const Coder512 bin_coder(Search512(tb.thresholds), p);
+  const SegSearch512 seg(tb.thresholds, tb.y_max);
+  const Coder512T<SegSearch512> seg_coder(seg, tb);
+  const Coder512 bin_coder(Search512(tb.thresholds), tb);
   Centres centres;
   Prefetcher pf;
   bool finite = true;
@@ -653,8 +654,8 @@ bool compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
         code_block(bin_coder, centres, s.buf.data(), n / 16, packed44, codes + e0 / 2,
                    res + e0 / 2, s.a.data(), s.r.data(), pf, pf_per_batch);
       if (!packed44) {
-        pack(s.a.data(), n, (int)p.anchor_bits, codes, e0 * p.anchor_bits);
-        pack(s.r.data(), n, (int)p.residual_bits, res, e0 * p.residual_bits);
+        pack(s.a.data(), n, (int)tb.anchor_bits, codes, e0 * tb.anchor_bits);
+        pack(s.r.data(), n, (int)tb.residual_bits, res, e0 * tb.residual_bits);
       }
     }
   }
@@ -669,8 +670,8 @@ struct DecodeTables {
   alignas(64) float anchor[16];
 };
 
-inline void decode_tables(const Params& p, const Table& tb, DecodeTables& out) {
-  const int ymax = (int)p.y_max;
+inline void decode_tables(const Table& tb, DecodeTables& out) {
+  const int ymax = (int)tb.y_max;
   auto mag = [&](int code) { return tb.levels[code < 0 ? 0 : (code > ymax ? ymax : code)]; };
   for (int m = 0; m < 8; ++m)
     for (int rn = 0; rn < 16; ++rn) out.full[m * 16 + rn] = mag((m << 4) - ((rn ^ 8) - 8));
@@ -681,11 +682,12 @@ inline void decode_tables(const Params& p, const Table& tb, DecodeTables& out) {
   }
 }
 
-// Per K / V: on the token axis one (mu, sigma) per 32-value group, so chunks of whole groups that
-// tile head_dim (16-value chunks, and others, take the plain C++).
+// Per K / V: that tensor's split 4 + 4 (other splits take the plain C++); on the token axis one
+// (mu, sigma) per 32-value group, so chunks of whole groups that tile head_dim (16-value chunks,
+// and others, take the plain C++).
 inline bool decompress_fast(const Params& p, const Table& tb) {
   const int64_t D = p.head_dim, C = tb.chunk;
-  if (p.anchor_bits != 4 || p.residual_bits != 4 || D % 32 || D > 512) return false;
+  if (tb.anchor_bits != 4 || tb.residual_bits != 4 || D % 32 || D > 512) return false;
   return !tb.token_axis || (C % 32 == 0 && D % C == 0);
 }
 
