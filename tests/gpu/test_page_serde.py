@@ -62,6 +62,14 @@ def test_every_layer_of_a_request_in_one_launch(layout):
     assert check_request("lynx", layout, DEVICE, "triton", **SHAPE, **SMALL) == "triton"
 
 
+@pytest.mark.parametrize("plan", [((1, 5, 4),), ((0, 6, 6), (2, 3, 5))], ids=["K-only", "two"])
+def test_every_layer_of_a_request_with_a_split_per_layer(plan):
+    """Each layer config's layers one launch (ops/per_layer_serde.py), each layer its own
+    bytes and values."""
+    assert check_request("lynx", "vllm_flash_nhd", DEVICE, "triton", num_layers=4,
+                         layer_anchor_bits=plan, **SHAPE, **SMALL) == "triton"
+
+
 # K and V with chunks of their own: V chunks of 64 along head_dim (the planned default; one
 # chunk per token-head at head_dim 64, two at 128), and V on the channel axis with chunks
 # twice K's.
