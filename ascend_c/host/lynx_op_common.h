@@ -14,13 +14,15 @@
 namespace lynx_ascend {
 
 inline LynxTilingArgs Args(int64_t h, int64_t t, int64_t d, int64_t pageSize, int64_t chunkSize, int64_t vChunkSize,
-                           int64_t anchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink, uint32_t mode)
+                           int64_t anchorBits, int64_t vAnchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink,
+                           uint32_t mode)
 {
     TORCH_CHECK(h > 0 && t > 0 && d > 0 && h < (1 << 20) && t < (1ll << 31) && d < (1 << 16),
                 "lynx_ascend: bad layer shape [", h, ", ", t, ", ", d, "]");
-    TORCH_CHECK(pageSize > 0 && chunkSize > 0 && vChunkSize > 0 && numSink >= 0 && anchorBits > 0,
+    TORCH_CHECK(pageSize > 0 && chunkSize > 0 && vChunkSize > 0 && numSink >= 0 && anchorBits > 0 && vAnchorBits > 0,
                 "lynx_ascend: bad codec parameters page_size=", pageSize, " chunk_size=", chunkSize,
-                " v_chunk_size=", vChunkSize, " anchor_bits=", anchorBits, " num_sink_tokens=", numSink);
+                " v_chunk_size=", vChunkSize, " anchor_bits=", anchorBits, " v_anchor_bits=", vAnchorBits,
+                " num_sink_tokens=", numSink);
     LynxTilingArgs a;
     a.numHeads = (uint32_t)h;
     a.numTokens = (uint32_t)t;
@@ -29,7 +31,8 @@ inline LynxTilingArgs Args(int64_t h, int64_t t, int64_t d, int64_t pageSize, in
     a.pageSize = (uint32_t)pageSize;
     a.chunkSize[0] = (uint32_t)chunkSize;
     a.chunkSize[1] = (uint32_t)vChunkSize;
-    a.anchorBits = (uint32_t)anchorBits;
+    a.anchorBits[0] = (uint32_t)anchorBits;
+    a.anchorBits[1] = (uint32_t)vAnchorBits;
     a.axis[0] = (uint32_t)kAxis;
     a.axis[1] = (uint32_t)vAxis;
     a.numSinkTokens = (uint32_t)numSink;

@@ -4,21 +4,22 @@
  * Needs only PyTorch; the NPU implementations are in lynx_torch_ops.cpp (PrivateUse1).
  *
  *   compress(k, v, k_thresholds, v_thresholds, page_size, chunk_size, v_chunk_size, anchor_bits,
- *            k_axis, v_axis, num_sink_tokens, center) -> (anchor, residual)
+ *            v_anchor_bits, k_axis, v_axis, num_sink_tokens, center) -> (anchor, residual)
  *   decompress(anchor, residual?, k_levels, v_levels, num_heads, num_tokens, head_dim, bf16,
- *              page_size, chunk_size, v_chunk_size, anchor_bits, k_axis, v_axis,
+ *              page_size, chunk_size, v_chunk_size, anchor_bits, v_anchor_bits, k_axis, v_axis,
  *              num_sink_tokens) -> (k, v)
  *   decompress_paged(anchor, residual?, k_levels, v_levels, k_cache!, v_cache!, slot_mapping,
- *                    num_tokens, page_size, chunk_size, v_chunk_size, anchor_bits, k_axis,
- *                    v_axis, num_sink_tokens) -> ()
+ *                    num_tokens, page_size, chunk_size, v_chunk_size, anchor_bits, v_anchor_bits,
+ *                    k_axis, v_axis, num_sink_tokens) -> ()
  *
  * k, v: [H, T, D] float16 / bfloat16; anchor / residual: uint8 streams in wire format v1 (every
  * page's buffer back to back); tables: float32 [128] from lynx_npu/codec/lynx_tables.py padded
  * (thresholds with +inf, levels with 1); chunk_size, v_chunk_size: K's and V's chunk
- * (LynxConfig.chunk("k"), chunk("v")); axes: 0 = channel, 1 = token; center (LynxConfig.center):
- * 0 = mean, 1 = midrange (decompress reads mu, sigma from the stream); residual None = anchor
- * stage; caches: vLLM-Ascend's [num_blocks, block_size, num_kv_heads, head_size], token t at
- * slot_mapping[t] (negative = skipped).
+ * (LynxConfig.chunk("k"), chunk("v")); anchor_bits, v_anchor_bits: K's and V's anchor bits, each
+ * in [2, 7], the residual taking the rest of 8 (LynxConfig.bits("k"), bits("v")); axes:
+ * 0 = channel, 1 = token; center (LynxConfig.center): 0 = mean, 1 = midrange (decompress reads
+ * mu, sigma from the stream); residual None = anchor stage; caches: vLLM-Ascend's [num_blocks,
+ * block_size, num_kv_heads, head_size], token t at slot_mapping[t] (negative = skipped).
  */
 #include <torch/library.h>
 
@@ -30,13 +31,13 @@ namespace lynx_ascend {
 
 std::tuple<at::Tensor, at::Tensor> compress_meta(const at::Tensor& k, const at::Tensor& v, const at::Tensor& kThr,
                                                  const at::Tensor& vThr, int64_t pageSize, int64_t chunkSize,
-                                                 int64_t vChunkSize, int64_t anchorBits, int64_t kAxis, int64_t vAxis,
-                                                 int64_t numSink, int64_t center)
+                                                 int64_t vChunkSize, int64_t anchorBits, int64_t vAnchorBits,
+                                                 int64_t kAxis, int64_t vAxis, int64_t numSink, int64_t center)
 {
     TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes(), "lynx_ascend.compress: k, v must be [H, T, D] of one shape");
     IsBf16(k.scalar_type());
-    LynxTilingArgs a = Args(k.size(0), k.size(1), k.size(2), pageSize, chunkSize, vChunkSize, anchorBits, kAxis,
-                            vAxis, numSink, LYNX_MODE_COMPRESS);
+    LynxTilingArgs a = Args(k.size(0), k.size(1), k.size(2), pageSize, chunkSize, vChunkSize, anchorBits, vAnchorBits,
+                            kAxis, vAxis, numSink, LYNX_MODE_COMPRESS);
     a.center = Center(center);
     const LynxTiling t = Tiling(a);
     const auto opts = k.options().dtype(at::kByte);
@@ -46,10 +47,11 @@ std::tuple<at::Tensor, at::Tensor> compress_meta(const at::Tensor& k, const at::
 std::tuple<at::Tensor, at::Tensor> decompress_meta(const at::Tensor& anchor, const c10::optional<at::Tensor>& residual,
                                                    const at::Tensor& kLv, const at::Tensor& vLv, int64_t h, int64_t t,
                                                    int64_t d, bool bf16, int64_t pageSize, int64_t chunkSize,
-                                                   int64_t vChunkSize, int64_t anchorBits, int64_t kAxis, int64_t vAxis,
-                                                   int64_t numSink)
+                                                   int64_t vChunkSize, int64_t anchorBits, int64_t vAnchorBits,
+                                                   int64_t kAxis, int64_t vAxis, int64_t numSink)
 {
-    Tiling(Args(h, t, d, pageSize, chunkSize, vChunkSize, anchorBits, kAxis, vAxis, numSink, LYNX_MODE_DECOMPRESS));
+    Tiling(Args(h, t, d, pageSize, chunkSize, vChunkSize, anchorBits, vAnchorBits, kAxis, vAxis, numSink,
+                LYNX_MODE_DECOMPRESS));
     const auto opts = anchor.options().dtype(bf16 ? at::kBFloat16 : at::kHalf);
     return {at::empty({h, t, d}, opts), at::empty({h, t, d}, opts)};
 }
@@ -57,7 +59,7 @@ std::tuple<at::Tensor, at::Tensor> decompress_meta(const at::Tensor& anchor, con
 void decompress_paged_meta(const at::Tensor& anchor, const c10::optional<at::Tensor>& residual, const at::Tensor& kLv,
                            const at::Tensor& vLv, at::Tensor& kCache, at::Tensor& vCache, const at::Tensor& slotMapping,
                            int64_t numTokens, int64_t pageSize, int64_t chunkSize, int64_t vChunkSize,
-                           int64_t anchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink)
+                           int64_t anchorBits, int64_t vAnchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink)
 {
     TORCH_CHECK(kCache.dim() == 4 && kCache.sizes() == vCache.sizes(),
                 "lynx_ascend.decompress_paged: k_cache, v_cache must be [num_blocks, block_size, H, D]");
@@ -68,14 +70,14 @@ void decompress_paged_meta(const at::Tensor& anchor, const c10::optional<at::Ten
 TORCH_LIBRARY(lynx_ascend, m)
 {
     m.def("compress(Tensor k, Tensor v, Tensor k_thresholds, Tensor v_thresholds, int page_size, int chunk_size, "
-          "int v_chunk_size, int anchor_bits, int k_axis, int v_axis, int num_sink_tokens, int center) "
-          "-> (Tensor, Tensor)");
+          "int v_chunk_size, int anchor_bits, int v_anchor_bits, int k_axis, int v_axis, int num_sink_tokens, "
+          "int center) -> (Tensor, Tensor)");
     m.def("decompress(Tensor anchor, Tensor? residual, Tensor k_levels, Tensor v_levels, int num_heads, "
           "int num_tokens, int head_dim, bool bf16, int page_size, int chunk_size, int v_chunk_size, "
-          "int anchor_bits, int k_axis, int v_axis, int num_sink_tokens) -> (Tensor, Tensor)");
+          "int anchor_bits, int v_anchor_bits, int k_axis, int v_axis, int num_sink_tokens) -> (Tensor, Tensor)");
     m.def("decompress_paged(Tensor anchor, Tensor? residual, Tensor k_levels, Tensor v_levels, Tensor(a!) k_cache, "
           "Tensor(b!) v_cache, Tensor slot_mapping, int num_tokens, int page_size, int chunk_size, "
-          "int v_chunk_size, int anchor_bits, int k_axis, int v_axis, int num_sink_tokens) -> ()");
+          "int v_chunk_size, int anchor_bits, int v_anchor_bits, int k_axis, int v_axis, int num_sink_tokens) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(lynx_ascend, Meta, m)

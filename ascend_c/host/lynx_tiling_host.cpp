@@ -15,6 +15,7 @@ constexpr uint32_t kRepeatElems = 64;    // float32 values in one 256-byte vecto
 constexpr uint32_t kRowUnit = 8;         // block rows step of a token-axis tensor (chunks within a row)
 const char* const kChunkName[2] = {"chunk_size", "v_chunk_size"};  // LynxConfig fields
 const char* const kAxisName[2] = {"k_axis", "v_axis"};
+const char* const kBitsName[2] = {"anchor_bits", "v_anchor_bits"};
 
 uint64_t Align(uint64_t n) { return (n + LYNX_ALIGN - 1) / LYNX_ALIGN * LYNX_ALIGN; }
 uint32_t CeilDiv(uint64_t a, uint64_t b) { return (uint32_t)((a + b - 1) / b); }
@@ -44,17 +45,20 @@ void PageKind(const LynxTilingArgs& a, uint32_t tp, uint32_t ns, LynxPageKind& k
     k.numSink = ns;
     const uint64_t h = a.numHeads, d = a.headDim, es = a.dtypeBytes;
     const uint64_t n = h * tp * d;
-    const uint64_t codes = (n * a.anchorBits + 7) / 8;
+    uint64_t codes[2], res[2];  // K's and V's packed codes, each of its own split
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+        codes[kv] = (n * a.anchorBits[kv] + 7) / 8;
+        res[kv] = (n * (8 - a.anchorBits[kv]) + 7) / 8;
+    }
     const uint64_t gamma = tp ? 2 * h * d * es : 0;
     for (uint32_t kv = 0; kv < 2; ++kv)
         k.numChunks[kv] = (uint32_t)NumChunks(a.axis[kv], a.numHeads, tp, a.headDim, a.chunkSize[kv]);
-    uint64_t sizes[8] = {codes, codes, gamma, gamma, 2ull * k.numChunks[0] * 2, 2ull * k.numChunks[1] * 2,
+    uint64_t sizes[8] = {codes[0], codes[1], gamma, gamma, 2ull * k.numChunks[0] * 2, 2ull * k.numChunks[1] * 2,
                          h * ns * d * es, h * ns * d * es};
     uint32_t ids[8] = {LYNX_K_CODES, LYNX_V_CODES, LYNX_K_GAMMA, LYNX_V_GAMMA, LYNX_K_STATS, LYNX_V_STATS,
                        LYNX_K_SINK, LYNX_V_SINK};
     Sections(sizes, ids, ns ? 8 : 6, k, k.anchorBytes);
-    const uint64_t res = (n * (8 - a.anchorBits) + 7) / 8;
-    uint64_t rsizes[2] = {res, res};
+    uint64_t rsizes[2] = {res[0], res[1]};
     uint32_t rids[2] = {LYNX_K_RES, LYNX_V_RES};
     Sections(rsizes, rids, 2, k, k.residualBytes);
 }
@@ -87,7 +91,9 @@ std::string Check(const LynxTilingArgs& a)
     if (a.numHeads == 0 || a.numTokens == 0 || a.headDim == 0) return "empty layer: " + s("numHeads", a.numHeads) +
         ", " + s("numTokens", a.numTokens) + ", " + s("headDim", a.headDim);
     if (a.dtypeBytes != 2) return s("dtypeBytes", a.dtypeBytes) + " unsupported: the kernels take float16 or bfloat16 KV";
-    if (a.anchorBits != 4) return s("anchor_bits", a.anchorBits) + " unsupported: the kernels pack the 4 + 4 split";
+    for (uint32_t kv = 0; kv < 2; ++kv)  // K and V each split by their own anchor bits
+        if (a.anchorBits[kv] < 2 || a.anchorBits[kv] > 7)
+            return s(kBitsName[kv], a.anchorBits[kv]) + " must be in [2, 7] (the residual holds the rest of 8 bits)";
     if (a.headDim % 16) return s("head_dim", a.headDim) + " must be a multiple of 16 (32-byte rows for DataCopy)";
     if (a.headDim > 2040) return s("head_dim", a.headDim) + " must be <= 2040 (repeat strides are 8-bit)";
     if (a.pageSize == 0) return s("page_size", a.pageSize) + " must be >= 1";
@@ -127,7 +133,8 @@ uint32_t LynxUbBytes(const LynxTiling& t, uint32_t bufferNum)
     if (t.numSink) q += bufferNum * Align((uint64_t)t.sinkRows * d * es);  // sink pass-through
     if (t.mode == LYNX_MODE_COMPRESS) {
         q += bufferNum * Align((uint64_t)t.maxBlockRows * d * es);   // KV rows in
-        q += 2 * bufferNum * Align(np / 2);                          // anchor, residual codes out
+        q += bufferNum * Align(LynxCodeBytes(t, np, false));         // anchor codes out
+        q += bufferNum * Align(LynxCodeBytes(t, np, true));          // residual codes out
         q += bufferNum * Align(stats * 2 * 2);                       // mu, sigma out (float16)
         q += Align(2 * d * es);                                      // gamma out
         c += 2 * Align(np * 4);                                      // x, work
@@ -136,9 +143,10 @@ uint32_t LynxUbBytes(const LynxTiling& t, uint32_t bufferNum)
         c += 3 * Align(t.dimPad * 4) + Align(t.dimPad / 8);          // gmin, gmax, scale, mask
         c += 3 * Align(sb * 4) + Align(sb * 4) + Align(sb / 8);      // sub-block temps, offsets, mask
         c += Align(stats / 8);                                       // sigma > 0 mask
+        c += Align(LYNX_CODE_STREAMS * LYNX_PACK_PATTERNS * LYNX_ALIGN);    // bit-lane patterns
     } else {
-        q += bufferNum * Align(np / 2);                              // anchor codes in
-        if (t.useResidual) q += bufferNum * Align(np / 2);           // residual codes in
+        q += bufferNum * Align(LynxCodeBytes(t, np, false));         // anchor codes in
+        if (t.useResidual) q += bufferNum * Align(LynxCodeBytes(t, np, true));  // residual codes in
         q += bufferNum * Align(stats * 2 * 2);                       // mu, sigma in
         q += Align(2 * d * es);                                      // gamma in
         q += bufferNum * Align((uint64_t)t.maxBlockRows * d * es);   // KV rows out
@@ -147,7 +155,8 @@ uint32_t LynxUbBytes(const LynxTiling& t, uint32_t bufferNum)
         if (token) c += Align(stats * 8 * 4);                        // per-chunk broadcast blocks
         c += 2 * Align(t.dimPad * 4);                                // gmin, scale
         c += 4 * Align(sb * 4) + Align(sb * 4) + Align(sb * 2);      // temps, offsets, halves
-        c += Align(sb * 4) + 3 * Align(sb / 8);                      // dup offsets, odd/neg/res masks
+        c += Align(sb * 4) + 2 * Align(sb / 8);                      // group offsets, neg/res masks
+        c += Align(LYNX_CODE_STREAMS * LYNX_UNPACK_PATTERNS * LYNX_ALIGN);  // bit-lane patterns
     }
     return (uint32_t)(q + c);
 }
@@ -168,9 +177,12 @@ std::string LynxComputeTiling(const LynxTilingArgs& a, LynxTiling& t)
         t.axis[kv] = a.axis[kv];
     }
     t.center = a.center;
-    t.residualBits = 8 - a.anchorBits;
-    t.yMax = ((1u << (a.anchorBits - 1)) - 1) << t.residualBits;
-    t.bias = (1u << (t.residualBits - 1)) - 1;
+    for (uint32_t kv = 0; kv < 2; ++kv) {  // LynxConfig.bits / residual_bits / y_max / bias of K, V
+        t.anchorBits[kv] = a.anchorBits[kv];
+        t.residualBits[kv] = 8 - a.anchorBits[kv];
+        t.yMax[kv] = ((1u << (a.anchorBits[kv] - 1)) - 1) << t.residualBits[kv];
+        t.bias[kv] = (1u << (t.residualBits[kv] - 1)) - 1;
+    }
     t.tableSize = LYNX_TABLE_SIZE;
     t.mode = a.mode;
     t.useResidual = a.mode == LYNX_MODE_COMPRESS ? 1 : a.useResidual;

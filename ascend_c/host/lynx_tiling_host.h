@@ -17,7 +17,7 @@ struct LynxTilingArgs {
     uint32_t dtypeBytes = 2;     // float16 / bfloat16
     uint32_t pageSize = 256;     // LynxConfig.page_size
     uint32_t chunkSize[2] = {32, 32};  // LynxConfig.chunk_size, v_chunk_size (cfg.chunk("k"), ("v"))
-    uint32_t anchorBits = 4;     // LynxConfig.anchor_bits (the kernels pack 4 + 4)
+    uint32_t anchorBits[2] = {4, 4};  // LynxConfig.anchor_bits, v_anchor_bits (cfg.bits("k"), ("v"))
     uint32_t axis[2] = {LYNX_AXIS_CHANNEL, LYNX_AXIS_TOKEN};
     uint32_t numSinkTokens = 4;  // LynxConfig.num_sink_tokens
     uint32_t center = LYNX_CENTER_MIDRANGE;  // LynxConfig.center (compress; decompress ignores it)

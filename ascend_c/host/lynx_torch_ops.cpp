@@ -66,8 +66,8 @@ void CheckStream(const at::Tensor& x, uint64_t bytes, const at::Device& device, 
 
 std::tuple<at::Tensor, at::Tensor> compress_npu(const at::Tensor& k, const at::Tensor& v, const at::Tensor& kThr,
                                                 const at::Tensor& vThr, int64_t pageSize, int64_t chunkSize,
-                                                int64_t vChunkSize, int64_t anchorBits, int64_t kAxis, int64_t vAxis,
-                                                int64_t numSink, int64_t center)
+                                                int64_t vChunkSize, int64_t anchorBits, int64_t vAnchorBits,
+                                                int64_t kAxis, int64_t vAxis, int64_t numSink, int64_t center)
 {
     TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type(),
                 "lynx_ascend.compress: k, v must be [H, T, D] of one shape and dtype");
@@ -75,8 +75,8 @@ std::tuple<at::Tensor, at::Tensor> compress_npu(const at::Tensor& k, const at::T
     const bool bf16 = IsBf16(k.scalar_type());
     CheckTable(kThr, k.device(), "k_thresholds");
     CheckTable(vThr, k.device(), "v_thresholds");
-    LynxTilingArgs a = Args(k.size(0), k.size(1), k.size(2), pageSize, chunkSize, vChunkSize, anchorBits, kAxis,
-                            vAxis, numSink, LYNX_MODE_COMPRESS);
+    LynxTilingArgs a = Args(k.size(0), k.size(1), k.size(2), pageSize, chunkSize, vChunkSize, anchorBits, vAnchorBits,
+                            kAxis, vAxis, numSink, LYNX_MODE_COMPRESS);
     a.center = Center(center);
     const LynxTiling t = Tiling(a);
     at::Tensor kc = k.contiguous(), vc = v.contiguous();
@@ -149,12 +149,13 @@ LynxTiling DecompressTiling(const at::Tensor& anchor, const c10::optional<at::Te
 std::tuple<at::Tensor, at::Tensor> decompress_npu(const at::Tensor& anchor, const c10::optional<at::Tensor>& residual,
                                                   const at::Tensor& kLv, const at::Tensor& vLv, int64_t h, int64_t t,
                                                   int64_t d, bool bf16, int64_t pageSize, int64_t chunkSize,
-                                                  int64_t vChunkSize, int64_t anchorBits, int64_t kAxis, int64_t vAxis,
-                                                  int64_t numSink)
+                                                  int64_t vChunkSize, int64_t anchorBits, int64_t vAnchorBits,
+                                                  int64_t kAxis, int64_t vAxis, int64_t numSink)
 {
     const LynxTiling tiling = DecompressTiling(
         anchor, residual, kLv, vLv,
-        Args(h, t, d, pageSize, chunkSize, vChunkSize, anchorBits, kAxis, vAxis, numSink, LYNX_MODE_DECOMPRESS));
+        Args(h, t, d, pageSize, chunkSize, vChunkSize, anchorBits, vAnchorBits, kAxis, vAxis, numSink,
+             LYNX_MODE_DECOMPRESS));
     const auto opts = anchor.options().dtype(bf16 ? at::kBFloat16 : at::kHalf);
     at::Tensor kOut = at::empty({h, t, d}, opts), vOut = at::empty({h, t, d}, opts);
     LaunchDecompress(bf16, tiling, anchor, residual, kLv, vLv, kOut, vOut, c10::nullopt);
@@ -164,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor> decompress_npu(const at::Tensor& anchor, cons
 void decompress_paged_npu(const at::Tensor& anchor, const c10::optional<at::Tensor>& residual, const at::Tensor& kLv,
                           const at::Tensor& vLv, at::Tensor& kCache, at::Tensor& vCache, const at::Tensor& slotMapping,
                           int64_t numTokens, int64_t pageSize, int64_t chunkSize, int64_t vChunkSize,
-                          int64_t anchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink)
+                          int64_t anchorBits, int64_t vAnchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink)
 {
     // vLLM-Ascend's caches: separate K and V of [num_blocks, block_size, num_kv_heads, head_size]
     TORCH_CHECK(kCache.dim() == 4 && kCache.sizes() == vCache.sizes() && kCache.is_contiguous() &&
@@ -179,7 +180,7 @@ void decompress_paged_npu(const at::Tensor& anchor, const c10::optional<at::Tens
                 "lynx_ascend.decompress_paged: all tensors must be on one device");
     const bool bf16 = IsBf16(kCache.scalar_type());
     LynxTilingArgs a = Args(kCache.size(2), numTokens, kCache.size(3), pageSize, chunkSize, vChunkSize, anchorBits,
-                            kAxis, vAxis, numSink, LYNX_MODE_DECOMPRESS_PAGED);
+                            vAnchorBits, kAxis, vAxis, numSink, LYNX_MODE_DECOMPRESS_PAGED);
     a.blockSize = (uint32_t)kCache.size(1);
     a.slotBytes = (uint32_t)slotMapping.element_size();
     a.numSlots = (uint64_t)kCache.size(0) * kCache.size(1);

@@ -39,16 +39,6 @@ struct BrcbRepeatParams {
     BrcbRepeatParams(uint16_t b, uint16_t r) : dstBlkStride(b), dstRepStride(r) {}
 };
 
-struct GatherMaskParams {
-    uint8_t src0BlockStride = 1;
-    uint16_t repeatTimes = 1;
-    uint16_t src0RepeatStride = 8;
-    uint8_t src1RepeatStride = 8;
-    GatherMaskParams() = default;
-    GatherMaskParams(uint8_t blk, uint16_t rep, uint16_t repStride, uint8_t src1Rep)
-        : src0BlockStride(blk), repeatTimes(rep), src0RepeatStride(repStride), src1RepeatStride(src1Rep) {}
-};
-
 namespace emu {
 
 template <typename T>
@@ -173,6 +163,26 @@ inline void Duplicate(const LocalTensor<T>& dst, const T& scalar, const int32_t&
 {
     CheckVector(dst, (uint32_t)count, "Duplicate");
     for (int32_t i = 0; i < count; ++i) dst.Addr()[i] = scalar;
+}
+
+// Bit-mask mode: in each repeat (256 bytes), lane l is written where bit l of the mask is set
+// (mask[0]: lanes 0..63, mask[1]: lanes 64..127 of 16-bit types; 0 for 32-bit types); block and
+// repeat strides in 32-byte units.
+template <typename T, bool isSetMask = true>
+inline void Duplicate(const LocalTensor<T>& dst, const T& scalar, uint64_t mask[], const uint8_t repeatTimes,
+                      const uint16_t dstBlockStride, const uint8_t dstRepeatStride)
+{
+    constexpr uint32_t lanes = emu::PerRepeat<T>();
+    if (lanes <= 64 && mask[1] != 0) EmuFail("Duplicate: mask[1] must be 0 for 32-bit types");
+    if (repeatTimes == 0) return;
+    uint32_t last = 0;
+    for (uint32_t l = 0; l < lanes; ++l)
+        if ((mask[l / 64] >> (l % 64)) & 1u) last = l;
+    CheckVector(dst, emu::LaneIndex<T>(repeatTimes - 1u, last, dstBlockStride, dstRepeatStride) + 1, "Duplicate");
+    for (uint32_t r = 0; r < repeatTimes; ++r)
+        for (uint32_t l = 0; l < lanes; ++l)
+            if ((mask[l / 64] >> (l % 64)) & 1u)
+                dst.Addr()[emu::LaneIndex<T>(r, l, dstBlockStride, dstRepeatStride)] = scalar;
 }
 
 // dst[i] = firstValue + i
@@ -333,7 +343,7 @@ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, con
         dst.Addr()[i] = (m[i / 8] >> (i % 8)) & 1u ? src0.Addr()[i] : src1Scalar;
 }
 
-// ---- Gather / GatherMask / Brcb -------------------------------------------------------------
+// ---- Gather / Brcb --------------------------------------------------------------------------
 
 // dst[i] = element at byte offset srcBaseAddr + srcOffset[i] of src
 template <typename T>
@@ -352,31 +362,6 @@ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& src, const L
             EmuFail("Gather: byte offset " + std::to_string(off) + " outside the source tensor or misaligned");
         std::memcpy(&dst.Addr()[i], (const uint8_t*)src.Addr() + off, sizeof(T));
     }
-}
-
-// Normal mode (reduceMode = false) with a built-in pattern: per repeat of 256 bytes, pattern 1
-// keeps even lanes, 2 odd lanes, 3..6 lane 0..3 of every 4, 7 all; kept elements are written to
-// dst back to back; rsvdCnt returns how many.
-template <typename T>
-inline void GatherMask(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const uint8_t src1Pattern,
-                       const bool reduceMode, const uint32_t mask, const GatherMaskParams& p, uint64_t& rsvdCnt)
-{
-    (void)mask;
-    if (reduceMode) EmuFail("GatherMask: only normal mode (reduceMode = false) is emulated");
-    if (src1Pattern < 1 || src1Pattern > 7) EmuFail("GatherMask: built-in pattern must be 1..7");
-    uint32_t lanes = emu::PerRepeat<T>();
-    CheckVector(src0, p.repeatTimes ? emu::LaneIndex<T>(p.repeatTimes - 1, lanes - 1, p.src0BlockStride,
-                                                        p.src0RepeatStride) + 1 : 0, "GatherMask");
-    uint64_t n = 0;
-    for (uint32_t r = 0; r < p.repeatTimes; ++r)
-        for (uint32_t l = 0; l < lanes; ++l) {
-            bool keep = src1Pattern == 1 ? l % 2 == 0 : src1Pattern == 2 ? l % 2 == 1
-                      : src1Pattern == 7 ? true : l % 4 == (uint32_t)(src1Pattern - 3);
-            if (!keep) continue;
-            CheckVector(dst, n + 1, "GatherMask");
-            dst.Addr()[n++] = src0.Addr()[emu::LaneIndex<T>(r, l, p.src0BlockStride, p.src0RepeatStride)];
-        }
-    rsvdCnt = n;
 }
 
 // Each repeat takes 8 elements of src0 and fills one 32-byte block of dst with each.

@@ -45,10 +45,10 @@ uint32_t lynx_host_buffer_num() { return LYNX_BUFFER_NUM; }
 uint32_t lynx_host_tiling_bytes() { return sizeof(LynxTiling); }
 
 int lynx_host_tiling(uint32_t numHeads, uint32_t numTokens, uint32_t headDim, uint32_t dtypeBytes,
-                     uint32_t pageSize, uint32_t kChunkSize, uint32_t vChunkSize, uint32_t anchorBits, uint32_t kAxis,
-                     uint32_t vAxis, uint32_t numSinkTokens, uint32_t center, uint32_t mode, uint32_t useResidual,
-                     uint32_t blockSize, uint32_t slotBytes, uint64_t numSlots, uint32_t ubBytes, void* tilingOut,
-                     char* err, uint32_t errLen)
+                     uint32_t pageSize, uint32_t kChunkSize, uint32_t vChunkSize, uint32_t kAnchorBits,
+                     uint32_t vAnchorBits, uint32_t kAxis, uint32_t vAxis, uint32_t numSinkTokens, uint32_t center,
+                     uint32_t mode, uint32_t useResidual, uint32_t blockSize, uint32_t slotBytes, uint64_t numSlots,
+                     uint32_t ubBytes, void* tilingOut, char* err, uint32_t errLen)
 {
     LynxTilingArgs a;
     a.numHeads = numHeads;
@@ -58,7 +58,8 @@ int lynx_host_tiling(uint32_t numHeads, uint32_t numTokens, uint32_t headDim, ui
     a.pageSize = pageSize;
     a.chunkSize[0] = kChunkSize;
     a.chunkSize[1] = vChunkSize;
-    a.anchorBits = anchorBits;
+    a.anchorBits[0] = kAnchorBits;
+    a.anchorBits[1] = vAnchorBits;
     a.axis[0] = kAxis;
     a.axis[1] = vAxis;
     a.numSinkTokens = numSinkTokens;
@@ -74,9 +75,11 @@ int lynx_host_tiling(uint32_t numHeads, uint32_t numTokens, uint32_t headDim, ui
     return msg.empty() ? 0 : Fail(err, errLen, msg);
 }
 
-// rowsPerBlock: [K, V, the larger one (what the buffers hold)]
+// rowsPerBlock: [K, V, the larger one (what the buffers hold)]; split: [anchor bits, residual
+// bits, y_max, bias], each of K then V
 void lynx_host_tiling_summary(const void* tiling, uint64_t* anchorTotal, uint64_t* residualTotal,
-                              uint32_t* numPages, uint32_t* numWork, uint32_t* ubUsed, uint32_t* rowsPerBlock)
+                              uint32_t* numPages, uint32_t* numWork, uint32_t* ubUsed, uint32_t* rowsPerBlock,
+                              uint32_t* split)
 {
     const LynxTiling* t = static_cast<const LynxTiling*>(tiling);
     *anchorTotal = t->anchorTotal;
@@ -87,6 +90,12 @@ void lynx_host_tiling_summary(const void* tiling, uint64_t* anchorTotal, uint64_
     rowsPerBlock[0] = t->rowsPerBlock[0];
     rowsPerBlock[1] = t->rowsPerBlock[1];
     rowsPerBlock[2] = t->maxBlockRows;
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+        split[kv] = t->anchorBits[kv];
+        split[2 + kv] = t->residualBits[kv];
+        split[4 + kv] = t->yMax[kv];
+        split[6 + kv] = t->bias[kv];
+    }
 }
 
 void lynx_host_page_kind(const void* tiling, uint32_t kind, uint32_t* numTokens, uint32_t* numSink,

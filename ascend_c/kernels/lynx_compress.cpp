@@ -12,6 +12,7 @@
  *           (midrange: max(hi - mu, mu - lo), the same float32 value, see MidrangeStats)
  *   I = #{j : thresholds[j] <= |xf|}       (branch-free binary search: Gather + Compare + Select)
  *   m = (I + bias) >> r;  res = (m << r) - I;  anchor = xf < 0 ? -m - 1 : m
+ *                                      (a anchor + r residual bits: K's and V's own split)
  *
  * The midrange has no rounding-order freedom (max, min, one add, an exact halving), so its
  * streams equal the reference's byte for byte. With the mean, the only value that can differ is
@@ -52,8 +53,8 @@ public:
         pipe->InitBuffer(tableQueue_, 1, 2 * t_->tableSize * sizeof(float));
         if (t_->numSink) pipe->InitBuffer(sinkQueue_, BUFFER_NUM, t_->sinkRows * d * es);
         pipe->InitBuffer(inQueue_, BUFFER_NUM, t_->maxBlockRows * d * es);
-        pipe->InitBuffer(codeQueue_, BUFFER_NUM, np / 2);
-        pipe->InitBuffer(resQueue_, BUFFER_NUM, np / 2);
+        pipe->InitBuffer(codeQueue_, BUFFER_NUM, LynxCodeBytes(*t_, np, false));
+        pipe->InitBuffer(resQueue_, BUFFER_NUM, LynxCodeBytes(*t_, np, true));
         pipe->InitBuffer(statsQueue_, BUFFER_NUM, stats * 2 * sizeof(half));
         pipe->InitBuffer(gammaQueue_, 1, 2 * d * es);
         pipe->InitBuffer(xBuf_, np * sizeof(float));
@@ -74,6 +75,7 @@ public:
         pipe->InitBuffer(offBuf_, sb * sizeof(int32_t));
         pipe->InitBuffer(maskBuf_, sb / 8);
         pipe->InitBuffer(sigMaskBuf_, stats / 8);
+        pipe->InitBuffer(shiftBuf_, LYNX_CODE_STREAMS * LYNX_PACK_PATTERNS * LYNX_ALIGN);
     }
 
     __aicore__ inline void Process()
@@ -83,6 +85,7 @@ public:
         AscendC::DataCopy(tables[t_->tableSize], thrGm_[1], t_->tableSize);
         tableQueue_.EnQue(tables);
         tables_ = tableQueue_.DeQue<float>();
+        BuildShifts();
 
         const uint32_t blocks = (uint32_t)AscendC::GetBlockNum();
         const uint32_t per = CeilDiv(t_->numWork, blocks);
@@ -94,6 +97,23 @@ public:
     }
 
 private:
+    // 2^shift of each group lane, per code stream (K anchor, K residual, V anchor, V residual).
+    __aicore__ inline void BuildShifts()
+    {
+        for (uint32_t st = 0; st < LYNX_CODE_STREAMS; ++st) {
+            const uint32_t b = StreamBits(st);
+            float shift[BLOCK_FLOATS];
+            for (uint32_t u = 0; u < BLOCK_FLOATS; ++u) shift[u] = (float)(1u << LaneShift(b, u));
+            SetLanes(shiftBuf_.Get<float>()[st * BLOCK_FLOATS], shift);
+        }
+    }
+
+    // Stream st = 2 * kv + (residual ? 1 : 0): its code bits.
+    __aicore__ inline uint32_t StreamBits(uint32_t st) const
+    {
+        return st % 2 ? t_->residualBits[st / 2] : t_->anchorBits[st / 2];
+    }
+
     __aicore__ inline void ProcessItem(uint32_t item)
     {
         const uint32_t h = item % t_->numHeads;
@@ -279,8 +299,11 @@ private:
         AscendC::LocalTensor<uint8_t> codes = codeQueue_.AllocTensor<uint8_t>();
         AscendC::LocalTensor<uint8_t> res = resQueue_.AllocTensor<uint8_t>();
         const AscendC::LocalTensor<float> thr = tables_[kv * t_->tableSize];
+        const uint32_t a = t_->anchorBits[kv], r = t_->residualBits[kv];
+        // a sub-block's codes start 32-byte aligned: subBlock is 2048 (s * a / 8 = 256 * a * k)
+        // or the whole block (s = 0)
         for (uint32_t s = 0; s < np; s += t_->subBlock)
-            Quantize(x[s], Min(t_->subBlock, np - s), codes[s / 2], res[s / 2], thr);
+            Quantize(kv, x[s], Min(t_->subBlock, np - s), codes[s * a / 8], res[s * r / 8], thr);
         codeQueue_.EnQue(codes);
         resQueue_.EnQue(res);
         return nstat;
@@ -326,8 +349,8 @@ private:
         }
     }
 
-    // xf (n values, n % 64 == 0) -> packed anchor and residual nibbles.
-    __aicore__ inline void Quantize(const AscendC::LocalTensor<float>& xf, uint32_t n,
+    // xf (n values, n % 64 == 0) of K (kv 0) or V -> packed anchor and residual codes.
+    __aicore__ inline void Quantize(uint32_t kv, const AscendC::LocalTensor<float>& xf, uint32_t n,
                                     const AscendC::LocalTensor<uint8_t>& codes, const AscendC::LocalTensor<uint8_t>& res,
                                     const AscendC::LocalTensor<float>& thr)
     {
@@ -350,55 +373,94 @@ private:
             AscendC::Select(idx, mask, tmp, idx, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
         }
         // m = (I + bias) >> r (exact in float32: small integers times a power of two)
-        const float one = (float)(1u << t_->residualBits);
-        AscendC::Adds(tmp, idx, (float)t_->bias, n);
+        const uint32_t a = t_->anchorBits[kv], r = t_->residualBits[kv];
+        const float one = (float)(1u << r);
+        AscendC::Adds(tmp, idx, (float)t_->bias[kv], n);
         AscendC::Muls(tmp, tmp, 1.0f / one, n);
         AscendC::Cast(off, tmp, AscendC::RoundMode::CAST_FLOOR, n);
         AscendC::Cast(tmp, off, AscendC::RoundMode::CAST_NONE, n);       // tmp = m
         AscendC::Muls(ax, tmp, one, n);
         AscendC::Sub(ax, ax, idx, n);                                    // ax = res = (m << r) - I
-        // anchor nibble: m, or (-m - 1) & 0xF = 15 - m where the centred value is negative
-        const float anchorMask = (float)((1u << (8 - t_->residualBits)) - 1);
+        // anchor code: m, or (-m - 1) & (2^a - 1) = 2^a - 1 - m where the centred value is negative
+        const float anchorMask = (float)((1u << a) - 1);
         AscendC::CompareScalar(mask, xf, 0.0f, AscendC::CMPMODE::LT, n);
         AscendC::Muls(idx, tmp, -1.0f, n);
         AscendC::Adds(idx, idx, anchorMask, n);
         AscendC::Select(idx, mask, idx, tmp, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
-        // residual nibble: res & 0xF
+        // residual code: res & (2^r - 1)
         AscendC::CompareScalar(mask, ax, 0.0f, AscendC::CMPMODE::LT, n);
         AscendC::Adds(tmp, ax, one, n);
         AscendC::Select(ax, mask, tmp, ax, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
-        PackNibbles(codes, idx, n);
-        PackNibbles(res, ax, n);
+        Pack(codes, idx, n, a, 2 * kv);
+        Pack(res, ax, n, r, 2 * kv + 1);
     }
 
-    // Two 4-bit values per byte, low nibble first: GatherMask splits even / odd lanes,
-    // byte = even + 16 * odd, then float -> half -> uint8 (exact for 0..255).
-    __aicore__ inline void PackNibbles(const AscendC::LocalTensor<uint8_t>& dst, const AscendC::LocalTensor<float>& nib,
-                                       uint32_t n)
+    // v: n codes of b bits (integers in float, n % 64 == 0; clobbered) of code stream st ->
+    // n * b / 8 packed bytes, without bit instructions. A group lane u puts w = v << shift (exact,
+    // < 2^15) into its byte as lo = w mod 256 and into the next as hi = floor(w / 256) (0 unless
+    // it spills), so byte j of a group sums lo of the lanes starting in j and hi of those starting
+    // in j - 1: two Selects by lane masks and an 8-lane WholeReduceSum per j give every group's
+    // byte j (j-major, in the work buffer), and a Gather interleaves them into stream order.
+    __aicore__ inline void Pack(const AscendC::LocalTensor<uint8_t>& dst, const AscendC::LocalTensor<float>& v,
+                                uint32_t n, uint32_t b, uint32_t st)
     {
-        AscendC::LocalTensor<float> tmp = f3Buf_.Get<float>();
-        AscendC::LocalTensor<half> h = offBuf_.Get<half>();
-        const AscendC::GatherMaskParams p(1, (uint16_t)(n / REPEAT_FLOATS), 8, 0);
-        uint64_t kept = 0;
-        AscendC::GatherMask(tmp, nib, 1, false, 0, p, kept);            // even lanes
-        AscendC::GatherMask(tmp[n / 2], nib, 2, false, 0, p, kept);     // odd lanes
-        AscendC::Muls(tmp[n / 2], tmp[n / 2], 16.0f, n / 2);
-        AscendC::Add(tmp, tmp, tmp[n / 2], n / 2);
-        AscendC::Cast(h, tmp, AscendC::RoundMode::CAST_NONE, n / 2);
-        AscendC::Cast(dst, h, AscendC::RoundMode::CAST_NONE, n / 2);
+        AscendC::LocalTensor<float> hi = f3Buf_.Get<float>();
+        AscendC::LocalTensor<float> sel = offBuf_.Get<float>();
+        AscendC::LocalTensor<int32_t> ints = offBuf_.Get<int32_t>();
+        AscendC::LocalTensor<float> bytes = workBuf_.Get<float>();  // [b, groups]: free once stats are out
+        AscendC::LocalTensor<uint8_t> mask = maskBuf_.Get<uint8_t>();
+        const uint32_t groups = n / BLOCK_FLOATS, count = groups * b;
+        PatternOp(Op::MUL, v, v, shiftBuf_.Get<float>()[st * BLOCK_FLOATS], n);
+        AscendC::Muls(hi, v, 1.0f / 256, n);
+        AscendC::Cast(ints, hi, AscendC::RoundMode::CAST_FLOOR, n);
+        AscendC::Cast(hi, ints, AscendC::RoundMode::CAST_NONE, n);
+        AscendC::Muls(sel, hi, 256.0f, n);
+        AscendC::Sub(v, v, sel, n);                                       // v = lo
+        for (uint32_t j = 0; j < b; ++j) {
+            uint16_t lo = 0, keep = 0;  // lane bits of a group (one mask byte), doubled for uint16
+            for (uint32_t u = 0; u < BLOCK_FLOATS; ++u) {
+                if (LaneByte(b, u) == j) lo |= (uint16_t)(0x101u << u);
+                if (LaneByte(b, u) == j || LaneByte(b, u) + 1 == j) keep |= (uint16_t)(0x101u << u);
+            }
+            AscendC::Duplicate(mask.ReinterpretCast<uint16_t>(), lo, n / 16);
+            AscendC::Select(sel, mask, v, hi, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+            AscendC::Duplicate(mask.ReinterpretCast<uint16_t>(), keep, n / 16);
+            AscendC::Select(sel, mask, sel, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+            for (uint32_t g0 = 0; g0 < groups; g0 += REDUCE_STEP)  // exact: integer sums < 256
+                AscendC::WholeReduceSum(bytes[j * groups + g0], sel[g0 * BLOCK_FLOATS], (int32_t)BLOCK_FLOATS,
+                                        (int32_t)Min(REDUCE_STEP, groups - g0), 1, 1, 1);
+        }
+        // stream byte p = g * b + j <- bytes[j * groups + g]; g = floor((p + 0.5) / b) is exact
+        // (p < 2^11), and so is the byte offset 4 * (p * groups + g * (1 - b * groups)) (terms < 2^24)
+        AscendC::CreateVecIndex(hi, 0.0f, count);
+        AscendC::Adds(v, hi, 0.5f, count);
+        AscendC::Muls(v, v, 1.0f / b, count);
+        AscendC::Cast(ints, v, AscendC::RoundMode::CAST_FLOOR, count);
+        AscendC::Cast(v, ints, AscendC::RoundMode::CAST_NONE, count);
+        AscendC::Muls(hi, hi, 4.0f * groups, count);
+        AscendC::Muls(v, v, 4.0f * (1.0f - (float)(b * groups)), count);
+        AscendC::Add(hi, hi, v, count);
+        AscendC::Cast(ints, hi, AscendC::RoundMode::CAST_RINT, count);
+        AscendC::Gather(v, bytes, ints.ReinterpretCast<uint32_t>(), 0, count);
+        AscendC::LocalTensor<half> h = f3Buf_.Get<half>();
+        AscendC::Cast(h, v, AscendC::RoundMode::CAST_NONE, count);       // exact for 0..255
+        AscendC::Cast(dst, h, AscendC::RoundMode::CAST_NONE, count);
     }
 
     __aicore__ inline void CopyOut(uint32_t kv, uint32_t h, const LynxPageKind& pk, uint64_t aBase, uint64_t rBase,
                                    uint32_t r0, uint32_t rows, uint32_t nstat)
     {
         const uint32_t d = t_->headDim, c = t_->chunkSize[kv], tp = pk.numTokens;
-        const uint64_t first = ((uint64_t)h * tp + r0) * d;  // first value of the block in [H, Tp, D]
-        const AscendC::DataCopyExtParams codeParams(1, rows * d / 2, 0, 0, 0);
+        const uint32_t a = t_->anchorBits[kv], r = t_->residualBits[kv];
+        // first value of the block in [H, Tp, D]; a multiple of 16 (D is), so its codes start on a byte
+        const uint64_t first = ((uint64_t)h * tp + r0) * d;
         AscendC::LocalTensor<uint8_t> codes = codeQueue_.DeQue<uint8_t>();
-        AscendC::DataCopyPad(anchorGm_[aBase + pk.offset[LYNX_K_CODES + kv] + first / 2], codes, codeParams);
+        AscendC::DataCopyPad(anchorGm_[aBase + pk.offset[LYNX_K_CODES + kv] + first * a / 8], codes,
+                             AscendC::DataCopyExtParams(1, rows * d * a / 8, 0, 0, 0));
         codeQueue_.FreeTensor(codes);
         AscendC::LocalTensor<uint8_t> res = resQueue_.DeQue<uint8_t>();
-        AscendC::DataCopyPad(residualGm_[rBase + pk.offset[LYNX_K_RES + kv] + first / 2], res, codeParams);
+        AscendC::DataCopyPad(residualGm_[rBase + pk.offset[LYNX_K_RES + kv] + first * r / 8], res,
+                             AscendC::DataCopyExtParams(1, rows * d * r / 8, 0, 0, 0));
         resQueue_.FreeTensor(res);
 
         const uint64_t chunk0 = t_->axis[kv] == LYNX_AXIS_CHANNEL
@@ -438,6 +500,7 @@ private:
     AscendC::TBuf<AscendC::TPosition::VECCALC> f1Buf_, f2Buf_, f3Buf_, offBuf_;    // [subBlock]
     AscendC::TBuf<AscendC::TPosition::VECCALC> maskBuf_;               // [subBlock] bits
     AscendC::TBuf<AscendC::TPosition::VECCALC> sigMaskBuf_;            // [maxStats] bits
+    AscendC::TBuf<AscendC::TPosition::VECCALC> shiftBuf_;              // [code streams] blocks: 2^shift
 };
 
 }  // namespace lynx

@@ -8,9 +8,9 @@
  *   xf = +-levels[I]            (sign from the anchor code; the table is an input, no exp here)
  *   x  = ((xf * sigma + mu) * (gmax - gmin) + gmin) -> KV dtype (round to nearest even)
  *
- * Nibbles are unpacked without bit instructions: bytes go through Cast to float, Gather
- * duplicates byte j into lanes 2j and 2j+1, and Select takes the high nibble (floor(b / 16)) on
- * odd lanes and the low one (b - 16 * hi) on even lanes.
+ * Codes (a anchor bits and r = 8 - a residual bits, each of K and V its own a) are unpacked
+ * without bit instructions: bytes go through Cast to float, two Gathers bring each value the
+ * byte it starts in and the next one, and floor divisions by powers of two cut its bits out.
  *
  * Pipeline per work item (page, K|V, head) and row block:
  *   CopyIn (MTE2: codes, residual, mu | sigma -> queues) -> Compute (V) -> CopyOut (MTE3).
@@ -48,8 +48,8 @@ public:
         const uint32_t stats = t_->maxStats;
         pipe->InitBuffer(tableQueue_, 1, 2 * t_->tableSize * sizeof(float));
         if (t_->numSink) pipe->InitBuffer(sinkQueue_, BUFFER_NUM, t_->sinkRows * d * es);
-        pipe->InitBuffer(codeQueue_, BUFFER_NUM, np / 2);
-        if (t_->useResidual) pipe->InitBuffer(resQueue_, BUFFER_NUM, np / 2);
+        pipe->InitBuffer(codeQueue_, BUFFER_NUM, LynxCodeBytes(*t_, np, false));
+        if (t_->useResidual) pipe->InitBuffer(resQueue_, BUFFER_NUM, LynxCodeBytes(*t_, np, true));
         pipe->InitBuffer(statsQueue_, BUFFER_NUM, stats * 2 * sizeof(half));
         pipe->InitBuffer(gammaQueue_, 1, 2 * d * es);
         pipe->InitBuffer(outQueue_, BUFFER_NUM, t_->maxBlockRows * d * es);
@@ -66,10 +66,10 @@ public:
         pipe->InitBuffer(f4Buf_, sb * sizeof(float));
         pipe->InitBuffer(offBuf_, sb * sizeof(int32_t));
         pipe->InitBuffer(halfBuf_, sb * sizeof(half));
-        pipe->InitBuffer(dupBuf_, sb * sizeof(uint32_t));
-        pipe->InitBuffer(oddBuf_, sb / 8);
+        pipe->InitBuffer(groupBuf_, sb * sizeof(float));
         pipe->InitBuffer(negBuf_, sb / 8);
         pipe->InitBuffer(resMaskBuf_, sb / 8);
+        pipe->InitBuffer(laneBuf_, LYNX_CODE_STREAMS * LYNX_UNPACK_PATTERNS * LYNX_ALIGN);
     }
 
     __aicore__ inline void Process()
@@ -91,20 +91,38 @@ public:
     }
 
 private:
-    // dup[i] = (i / 2) * 4: Gather byte offsets that copy float j into lanes 2j and 2j + 1;
-    // odd = bits 0b10101010...: selects the odd lanes.
+    // group[i] = 4 * floor(i / 8): value i's 8-value group, times the 4 bytes of a float (times
+    // b, the group's first byte offset among b-bit codes cast to float). Per code stream
+    // (K anchor, K residual, V anchor, V residual) and group lane u, three blocks: 4 * the byte
+    // it starts in, 4 * whether it spills into the next, 2^-shift.
     __aicore__ inline void BuildUnpackConstants()
     {
         const uint32_t sb = t_->subBlock;
-        AscendC::LocalTensor<float> f = f1Buf_.Get<float>();
-        AscendC::LocalTensor<int32_t> dup = dupBuf_.Get<int32_t>();
-        AscendC::CreateVecIndex(f, 0.0f, sb);
-        AscendC::Muls(f, f, 0.5f, sb);
-        AscendC::Cast(dup, f, AscendC::RoundMode::CAST_FLOOR, sb);
-        AscendC::Cast(f, dup, AscendC::RoundMode::CAST_NONE, sb);
-        AscendC::Muls(f, f, (float)sizeof(float), sb);
-        AscendC::Cast(dup, f, AscendC::RoundMode::CAST_RINT, sb);
-        AscendC::Duplicate(oddBuf_.Get<uint16_t>(), (uint16_t)0xAAAA, sb / 16);
+        AscendC::LocalTensor<float> group = groupBuf_.Get<float>();
+        AscendC::LocalTensor<int32_t> ints = offBuf_.Get<int32_t>();
+        AscendC::CreateVecIndex(group, 0.0f, sb);
+        AscendC::Muls(group, group, 1.0f / BLOCK_FLOATS, sb);
+        AscendC::Cast(ints, group, AscendC::RoundMode::CAST_FLOOR, sb);
+        AscendC::Cast(group, ints, AscendC::RoundMode::CAST_NONE, sb);
+        AscendC::Muls(group, group, (float)sizeof(float), sb);
+        for (uint32_t st = 0; st < LYNX_CODE_STREAMS; ++st) {
+            const uint32_t b = st % 2 ? t_->residualBits[st / 2] : t_->anchorBits[st / 2];
+            float first[BLOCK_FLOATS], spill[BLOCK_FLOATS], shift[BLOCK_FLOATS];
+            for (uint32_t u = 0; u < BLOCK_FLOATS; ++u) {
+                first[u] = (float)(sizeof(float) * LaneByte(b, u));
+                spill[u] = (float)(sizeof(float) * LaneSpills(b, u));
+                shift[u] = 1.0f / (float)(1u << LaneShift(b, u));
+            }
+            SetLanes(Lanes(st, 0), first);
+            SetLanes(Lanes(st, 1), spill);
+            SetLanes(Lanes(st, 2), shift);
+        }
+    }
+
+    // Pattern block `which` of code stream st (BuildUnpackConstants).
+    __aicore__ inline AscendC::LocalTensor<float> Lanes(uint32_t st, uint32_t which)
+    {
+        return laneBuf_.Get<float>()[(st * LYNX_UNPACK_PATTERNS + which) * BLOCK_FLOATS];
     }
 
     __aicore__ inline void ProcessItem(uint32_t item)
@@ -151,15 +169,17 @@ private:
                                       uint32_t r0, uint32_t rows)
     {
         const uint32_t d = t_->headDim, c = t_->chunkSize[kv], tc = t_->tokenChunk[kv], tp = pk.numTokens;
-        const uint64_t first = ((uint64_t)h * tp + r0) * d;
-        const AscendC::DataCopyExtParams codeParams(1, rows * d / 2, 0, 0, 0);
+        const uint32_t a = t_->anchorBits[kv], r = t_->residualBits[kv];
+        const uint64_t first = ((uint64_t)h * tp + r0) * d;  // % 16 == 0: its codes start on a byte
         const AscendC::DataCopyPadExtParams<uint8_t> noPad(false, 0, 0, 0);
         AscendC::LocalTensor<uint8_t> codes = codeQueue_.AllocTensor<uint8_t>();
-        AscendC::DataCopyPad(codes, anchorGm_[aBase + pk.offset[LYNX_K_CODES + kv] + first / 2], codeParams, noPad);
+        AscendC::DataCopyPad(codes, anchorGm_[aBase + pk.offset[LYNX_K_CODES + kv] + first * a / 8],
+                             AscendC::DataCopyExtParams(1, rows * d * a / 8, 0, 0, 0), noPad);
         codeQueue_.EnQue(codes);
         if (t_->useResidual) {
             AscendC::LocalTensor<uint8_t> res = resQueue_.AllocTensor<uint8_t>();
-            AscendC::DataCopyPad(res, residualGm_[rBase + pk.offset[LYNX_K_RES + kv] + first / 2], codeParams, noPad);
+            AscendC::DataCopyPad(res, residualGm_[rBase + pk.offset[LYNX_K_RES + kv] + first * r / 8],
+                                 AscendC::DataCopyExtParams(1, rows * d * r / 8, 0, 0, 0), noPad);
             resQueue_.EnQue(res);
         }
         const bool channel = t_->axis[kv] == LYNX_AXIS_CHANNEL;
@@ -186,9 +206,10 @@ private:
         AscendC::LocalTensor<uint8_t> res;
         if (t_->useResidual) res = resQueue_.DeQue<uint8_t>();
         const AscendC::LocalTensor<float> lv = tables_[kv * t_->tableSize];
-        for (uint32_t s = 0; s < np; s += t_->subBlock) {
+        const uint32_t a = t_->anchorBits[kv], r = t_->residualBits[kv];
+        for (uint32_t s = 0; s < np; s += t_->subBlock) {  // codes 32-byte aligned as in compress
             const uint32_t m = Min(t_->subBlock, np - s);
-            Dequantize(codes[s / 2], t_->useResidual ? res[s / 2] : res, m, lv, x[s]);
+            Dequantize(kv, codes[s * a / 8], t_->useResidual ? res[s * r / 8] : res, m, lv, x[s]);
         }
         codeQueue_.FreeTensor(codes);
         if (t_->useResidual) resQueue_.FreeTensor(res);
@@ -218,59 +239,73 @@ private:
         outQueue_.EnQue(out);
     }
 
-    // m packed codes (m / 2 bytes each stream) -> xf = +-levels[I] for m lanes (m % 64 == 0).
-    __aicore__ inline void Dequantize(const AscendC::LocalTensor<uint8_t>& codes, const AscendC::LocalTensor<uint8_t>& res,
-                                      uint32_t m, const AscendC::LocalTensor<float>& lv,
-                                      const AscendC::LocalTensor<float>& xf)
+    // m packed codes of K (kv 0) or V (m * a / 8, m * r / 8 bytes) -> xf = +-levels[I] for m
+    // lanes (m % 64 == 0).
+    __aicore__ inline void Dequantize(uint32_t kv, const AscendC::LocalTensor<uint8_t>& codes,
+                                      const AscendC::LocalTensor<uint8_t>& res, uint32_t m,
+                                      const AscendC::LocalTensor<float>& lv, const AscendC::LocalTensor<float>& xf)
     {
-        AscendC::LocalTensor<float> nib = f1Buf_.Get<float>();
+        AscendC::LocalTensor<float> raw = f1Buf_.Get<float>();
         AscendC::LocalTensor<float> code = f2Buf_.Get<float>();
         AscendC::LocalTensor<float> tmp = f3Buf_.Get<float>();
         AscendC::LocalTensor<uint8_t> neg = negBuf_.Get<uint8_t>();
-        const float one = (float)(1u << t_->residualBits);
-        const float anchorMask = (float)((1u << (8 - t_->residualBits)) - 1);
-        // anchor nibble a: negative (sign bit set) -> m = 15 - a, else m = a
-        Unpack(codes, m);
-        AscendC::CompareScalar(neg, nib, (anchorMask + 1) / 2, AscendC::CMPMODE::GE, m);
-        AscendC::Muls(code, nib, -1.0f, m);
+        const uint32_t a = t_->anchorBits[kv], r = t_->residualBits[kv];
+        const float one = (float)(1u << r);
+        const float anchorMask = (float)((1u << a) - 1);
+        // anchor code c: negative (sign bit set) -> m = 2^a - 1 - c, else m = c
+        Unpack(codes, m, a, 2 * kv);
+        AscendC::CompareScalar(neg, raw, (anchorMask + 1) / 2, AscendC::CMPMODE::GE, m);
+        AscendC::Muls(code, raw, -1.0f, m);
         AscendC::Adds(code, code, anchorMask, m);
-        AscendC::Select(code, neg, code, nib, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
+        AscendC::Select(code, neg, code, raw, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
         AscendC::Muls(code, code, one, m);  // I = m << r
-        if (t_->useResidual) {              // I -= res (sign-extended nibble)
+        if (t_->useResidual) {              // I -= res (sign-extended r-bit code)
             AscendC::LocalTensor<uint8_t> rneg = resMaskBuf_.Get<uint8_t>();
-            Unpack(res, m);
-            AscendC::CompareScalar(rneg, nib, one / 2, AscendC::CMPMODE::GE, m);
-            AscendC::Adds(tmp, nib, -one, m);
-            AscendC::Select(nib, rneg, tmp, nib, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
-            AscendC::Sub(code, code, nib, m);
+            Unpack(res, m, r, 2 * kv + 1);
+            AscendC::CompareScalar(rneg, raw, one / 2, AscendC::CMPMODE::GE, m);
+            AscendC::Adds(tmp, raw, -one, m);
+            AscendC::Select(raw, rneg, tmp, raw, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
+            AscendC::Sub(code, code, raw, m);
         }
         AscendC::Maxs(code, code, 0.0f, m);
-        AscendC::Mins(code, code, (float)t_->yMax, m);
+        AscendC::Mins(code, code, (float)t_->yMax[kv], m);
         AscendC::Muls(code, code, (float)sizeof(float), m);
         AscendC::LocalTensor<int32_t> off = offBuf_.Get<int32_t>();
         AscendC::Cast(off, code, AscendC::RoundMode::CAST_RINT, m);
-        AscendC::Gather(nib, lv, off.ReinterpretCast<uint32_t>(), 0, m);  // |x| = levels[I]
-        AscendC::Muls(tmp, nib, -1.0f, m);
-        AscendC::Select(xf, neg, tmp, nib, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
+        AscendC::Gather(raw, lv, off.ReinterpretCast<uint32_t>(), 0, m);  // |x| = levels[I]
+        AscendC::Muls(tmp, raw, -1.0f, m);
+        AscendC::Select(xf, neg, tmp, raw, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
     }
 
-    // m / 2 packed bytes -> m nibbles (low nibble first) in f1 as float.
-    __aicore__ inline void Unpack(const AscendC::LocalTensor<uint8_t>& bytes, uint32_t m)
+    // m * b / 8 packed bytes of code stream st -> m codes of b bits in f1 as float. Value i
+    // takes w = b0 + 256 * b1, b0 the byte it starts in, b1 the next one where it spills (else b0
+    // again: its bits are cut off), then (w >> shift) mod 2^b by floor divisions (exact: w < 2^16).
+    __aicore__ inline void Unpack(const AscendC::LocalTensor<uint8_t>& bytes, uint32_t m, uint32_t b, uint32_t st)
     {
-        AscendC::LocalTensor<float> nib = f1Buf_.Get<float>();
-        AscendC::LocalTensor<float> tmp = f3Buf_.Get<float>();
-        AscendC::LocalTensor<float> lo = f4Buf_.Get<float>();
+        AscendC::LocalTensor<float> v = f1Buf_.Get<float>();
+        AscendC::LocalTensor<float> byteF = f3Buf_.Get<float>();
+        AscendC::LocalTensor<float> tmp = f4Buf_.Get<float>();
         AscendC::LocalTensor<half> h = halfBuf_.Get<half>();
         AscendC::LocalTensor<int32_t> off = offBuf_.Get<int32_t>();
-        AscendC::Cast(h, bytes, AscendC::RoundMode::CAST_NONE, m / 2);
-        AscendC::Cast(tmp, h, AscendC::RoundMode::CAST_NONE, m / 2);
-        AscendC::Gather(nib, tmp, dupBuf_.Get<uint32_t>(), 0, m);       // lanes 2j, 2j + 1 <- byte j
-        AscendC::Muls(tmp, nib, 1.0f / 16, m);
+        AscendC::Cast(h, bytes, AscendC::RoundMode::CAST_NONE, m * b / 8);
+        AscendC::Cast(byteF, h, AscendC::RoundMode::CAST_NONE, m * b / 8);
+        AscendC::Muls(tmp, groupBuf_.Get<float>(), (float)b, m);        // byte offset of the group
+        PatternOp(Op::ADD, tmp, tmp, Lanes(st, 0), m);
+        AscendC::Cast(off, tmp, AscendC::RoundMode::CAST_RINT, m);
+        AscendC::Gather(v, byteF, off.ReinterpretCast<uint32_t>(), 0, m);  // the byte it starts in
+        PatternOp(Op::ADD, tmp, tmp, Lanes(st, 1), m);
+        AscendC::Cast(off, tmp, AscendC::RoundMode::CAST_RINT, m);
+        AscendC::Gather(tmp, byteF, off.ReinterpretCast<uint32_t>(), 0, m);
+        AscendC::Muls(tmp, tmp, 256.0f, m);
+        AscendC::Add(v, v, tmp, m);                                     // w
+        PatternOp(Op::MUL, v, v, Lanes(st, 2), m);
+        AscendC::Cast(off, v, AscendC::RoundMode::CAST_FLOOR, m);
+        AscendC::Cast(v, off, AscendC::RoundMode::CAST_NONE, m);        // w >> shift
+        AscendC::Muls(tmp, v, 1.0f / (float)(1u << b), m);
         AscendC::Cast(off, tmp, AscendC::RoundMode::CAST_FLOOR, m);
-        AscendC::Cast(tmp, off, AscendC::RoundMode::CAST_NONE, m);      // hi = floor(b / 16)
-        AscendC::Muls(lo, tmp, 16.0f, m);
-        AscendC::Sub(lo, nib, lo, m);                                   // lo = b - 16 * hi
-        AscendC::Select(nib, oddBuf_.Get<uint8_t>(), tmp, lo, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
+        AscendC::Cast(tmp, off, AscendC::RoundMode::CAST_NONE, m);
+        AscendC::Muls(tmp, tmp, (float)(1u << b), m);
+        AscendC::Sub(v, v, tmp, m);                                     // mod 2^b
     }
 
     __aicore__ inline int64_t SlotOf(uint32_t token) const
@@ -340,8 +375,9 @@ private:
     AscendC::TBuf<AscendC::TPosition::VECCALC> spreadBuf_;             // [maxStats * 8] Brcb blocks
     AscendC::TBuf<AscendC::TPosition::VECCALC> gminBuf_, scaleBuf_;    // [dimPad]
     AscendC::TBuf<AscendC::TPosition::VECCALC> f1Buf_, f2Buf_, f3Buf_, f4Buf_, offBuf_;  // [subBlock]
-    AscendC::TBuf<AscendC::TPosition::VECCALC> halfBuf_, dupBuf_;      // [subBlock]
-    AscendC::TBuf<AscendC::TPosition::VECCALC> oddBuf_, negBuf_, resMaskBuf_;  // [subBlock] bits
+    AscendC::TBuf<AscendC::TPosition::VECCALC> halfBuf_, groupBuf_;    // [subBlock]
+    AscendC::TBuf<AscendC::TPosition::VECCALC> negBuf_, resMaskBuf_;   // [subBlock] bits
+    AscendC::TBuf<AscendC::TPosition::VECCALC> laneBuf_;               // [code streams, 3] blocks
 };
 
 }  // namespace lynx

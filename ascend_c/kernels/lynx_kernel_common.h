@@ -99,6 +99,35 @@ __aicore__ inline void ChunkBroadcast(Op op, const AscendC::LocalTensor<float>& 
                      (uint8_t)Min(MAX_REPEAT, count - r0), p);
 }
 
+// b-bit codes (b = 1..7) in wire format: an LSB-first bit stream (lynx_npu/codec/packing.py).
+// 8 values fill b bytes, so value u (0..7) of each 8-value group starts in byte u*b/8 of its
+// group at bit u*b%8, and spills into the next byte when that bit + b > 8. With float32 lanes,
+// a group is one 32-byte block: per-lane constants of a width are one block, re-read by every
+// block of a repeat (PatternOp).
+__aicore__ inline uint32_t LaneByte(uint32_t b, uint32_t u) { return u * b / 8; }
+__aicore__ inline uint32_t LaneShift(uint32_t b, uint32_t u) { return u * b % 8; }
+__aicore__ inline uint32_t LaneSpills(uint32_t b, uint32_t u) { return u * b % 8 + b > 8 ? 1 : 0; }
+
+// block[u] = vals[u] for the 8 lanes of one block: a bit-mask Duplicate per lane.
+__aicore__ inline void SetLanes(const AscendC::LocalTensor<float>& block, const float (&vals)[BLOCK_FLOATS])
+{
+    for (uint32_t u = 0; u < BLOCK_FLOATS; ++u) {
+        uint64_t mask[2] = {1ull << u, 0};
+        AscendC::Duplicate(block, vals[u], mask, 1, 1, 8);
+    }
+}
+
+// dst[i] = op(src[i], pattern[i % 8]) for count (% 64 == 0) values.
+__aicore__ inline void PatternOp(Op op, const AscendC::LocalTensor<float>& dst, const AscendC::LocalTensor<float>& src,
+                                 const AscendC::LocalTensor<float>& pattern, uint32_t count)
+{
+    const AscendC::BinaryRepeatParams p(1, 1, 0, 8, 8, 0);
+    const uint32_t repeats = count / REPEAT_FLOATS;
+    for (uint32_t r0 = 0; r0 < repeats; r0 += MAX_REPEAT)
+        BinaryRepeat(op, dst[r0 * REPEAT_FLOATS], src[r0 * REPEAT_FLOATS], pattern, REPEAT_FLOATS,
+                     (uint8_t)Min(MAX_REPEAT, repeats - r0), p);
+}
+
 // Folds rows [0, rows) of a [rows, width] block into row 0 with op (sum / min / max): the
 // upper half is combined onto the lower half until one row is left (a fixed pairwise tree).
 __aicore__ inline void FoldRows(Op op, const AscendC::LocalTensor<float>& buf, uint32_t rows, uint32_t width)

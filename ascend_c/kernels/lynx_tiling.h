@@ -16,6 +16,7 @@
 #ifndef LYNX_TILING_H
 #define LYNX_TILING_H
 
+#include <cstddef>
 #include <cstdint>
 
 // Device code (the CANN compiler defines __CCE_AICORE__) needs __aicore__ on every function;
@@ -30,6 +31,11 @@ constexpr uint32_t LYNX_ALIGN = 32;          // bytes: section alignment and UB 
 constexpr uint32_t LYNX_TABLE_SIZE = 128;    // entries: thresholds/levels padded to a power of 2
 constexpr uint32_t LYNX_NUM_SECTIONS = 10;
 constexpr uint32_t LYNX_NUM_KINDS = 3;
+// Code streams (K anchor, K residual, V anchor, V residual) and the 32-byte blocks of per-lane
+// constants each needs to pack (compress) or unpack (decompress) its codes (lynx_kernel_common.h).
+constexpr uint32_t LYNX_CODE_STREAMS = 4;
+constexpr uint32_t LYNX_PACK_PATTERNS = 1;
+constexpr uint32_t LYNX_UNPACK_PATTERNS = 3;
 
 enum LynxSection : uint32_t {
     LYNX_K_CODES = 0,  // anchor buffer: packed anchor codes of K, [H, Tp, D]
@@ -89,10 +95,10 @@ struct LynxTiling {
     uint32_t numPages;
     uint32_t axis[2];        // LynxAxis of K, V
     uint32_t center;         // LynxCenter of the chunk centre mu (compress only)
-    uint32_t reserved;       // 0: keeps numSlots 8-byte aligned without implicit padding
-    uint32_t yMax;           // largest magnitude code (112 for 4+4)
-    uint32_t bias;           // round-half-down bias of the split (7 for 4+4)
-    uint32_t residualBits;   // 4
+    uint32_t anchorBits[2];  // a of K, V: bits of an anchor code (2..7)
+    uint32_t residualBits[2];  // r = 8 - a of K, V
+    uint32_t yMax[2];        // largest magnitude code of K, V: (2^(a-1) - 1) << r (112 for 4 + 4)
+    uint32_t bias[2];        // round-half-down bias of K's, V's split: 2^(r-1) - 1 (7 for 4 + 4)
     uint32_t tableSize;      // LYNX_TABLE_SIZE
     // work split and buffers
     uint32_t mode;           // LynxMode
@@ -116,6 +122,17 @@ struct LynxTiling {
     uint64_t anchorTotal;    // bytes of every page's anchor buffer back to back
     uint64_t residualTotal;
 };
+
+// No implicit padding before numSlots: host and device compilers see one layout.
+static_assert(offsetof(LynxTiling, numSlots) % 8 == 0, "LynxTiling: numSlots is not 8-byte aligned");
+
+// Bytes of one code buffer for `elems` values: sized for the wider of K's and V's codes
+// (anchor codes, or residual codes), since K and V items share the buffers.
+LYNX_INLINE uint32_t LynxCodeBytes(const LynxTiling& t, uint32_t elems, bool residual)
+{
+    const uint32_t* bits = residual ? t.residualBits : t.anchorBits;
+    return elems * (bits[0] > bits[1] ? bits[0] : bits[1]) / 8;
+}
 
 // Page i's kind and the byte offsets of its buffers within the layer's streams.
 LYNX_INLINE uint32_t LynxKindOf(const LynxTiling& t, uint32_t page)

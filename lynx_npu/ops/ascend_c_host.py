@@ -163,8 +163,8 @@ def _load(path: pathlib.Path) -> ctypes.CDLL:
     u32, u64, vp, cp = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p
     lib.lynx_host_buffer_num.restype = u32
     lib.lynx_host_tiling_bytes.restype = u32
-    lib.lynx_host_tiling.argtypes = [u32] * 16 + [u64, u32, vp, cp, u32]
-    lib.lynx_host_tiling_summary.argtypes = [vp] + [ctypes.POINTER(u64)] * 2 + [ctypes.POINTER(u32)] * 4
+    lib.lynx_host_tiling.argtypes = [u32] * 17 + [u64, u32, vp, cp, u32]
+    lib.lynx_host_tiling_summary.argtypes = [vp] + [ctypes.POINTER(u64)] * 2 + [ctypes.POINTER(u32)] * 5
     lib.lynx_host_page_kind.argtypes = [vp, u32, ctypes.POINTER(u32), ctypes.POINTER(u32),
                                         ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(u64)]
     lib.lynx_host_compress.argtypes = [ctypes.c_int, u32, ctypes.c_int] + [vp] * 7 + [ctypes.POINTER(u32), cp, u32]
@@ -195,6 +195,11 @@ class Tiling:
     ub_bytes: int
     rows_per_block: int                 # rows of the pipelined block the buffers hold
     block_rows: tuple[int, int]         # rows per block of K, V (whole chunks of each)
+    # K's and V's own split (LynxConfig.bits / residual_bits / y_max / bias of "k", "v")
+    anchor_bits: tuple[int, int]
+    residual_bits: tuple[int, int]
+    y_max: tuple[int, int]
+    bias: tuple[int, int]
 
     def page_kind(self, kind: int, lib: ctypes.CDLL) -> dict:
         """kind 0 = page 0, 1 = full pages, 2 = last page: tokens, sinks, section offsets, sizes."""
@@ -216,16 +221,18 @@ def make_tiling(cfg: LynxConfig, num_heads: int, num_tokens: int, head_dim: int,
     raw = (ctypes.c_uint8 * lib.lynx_host_tiling_bytes())()
     err = ctypes.create_string_buffer(512)
     rc = lib.lynx_host_tiling(num_heads, num_tokens, head_dim, 2, cfg.page_size, cfg.chunk("k"),
-                              cfg.chunk("v"), cfg.anchor_bits, _AXES[cfg.k_axis], _AXES[cfg.v_axis], cfg.num_sink_tokens,
-                              _CENTERS[cfg.center], mode, int(use_residual), block_size, slot_bytes,
-                              num_slots, 0, raw, err, len(err))
+                              cfg.chunk("v"), cfg.bits("k"), cfg.bits("v"), _AXES[cfg.k_axis], _AXES[cfg.v_axis],
+                              cfg.num_sink_tokens, _CENTERS[cfg.center], mode, int(use_residual), block_size,
+                              slot_bytes, num_slots, 0, raw, err, len(err))
     if rc:
         raise ValueError(f"Ascend C kernels cannot run this request: {err.value.decode()}")
     a, r = ctypes.c_uint64(), ctypes.c_uint64()
     pages, work, ub = (ctypes.c_uint32() for _ in range(3))
     rows = (ctypes.c_uint32 * 3)()  # K, V, the larger
-    lib.lynx_host_tiling_summary(raw, a, r, pages, work, ub, rows)
-    return Tiling(raw, a.value, r.value, pages.value, work.value, ub.value, rows[2], (rows[0], rows[1]))
+    split = (ctypes.c_uint32 * 8)()  # anchor bits, residual bits, y_max, bias: K then V each
+    lib.lynx_host_tiling_summary(raw, a, r, pages, work, ub, rows, split)
+    return Tiling(raw, a.value, r.value, pages.value, work.value, ub.value, rows[2], (rows[0], rows[1]),
+                  *((split[i], split[i + 1]) for i in range(0, 8, 2)))
 
 
 def kernel_tables(cfg: LynxConfig, which: str, kind: str) -> torch.Tensor:
@@ -373,9 +380,6 @@ class AscendCBackend:
     def supports(self, cfg: LynxConfig, num_kv_heads: int, head_dim: int, dtype) -> str | None:
         if cfg.center not in _CENTERS:
             return f"center={cfg.center!r} (the kernels implement {', '.join(_CENTERS)})"
-        if cfg.anchor_bits != cfg.v_anchor_bits:
-            return (f"anchor_bits={cfg.anchor_bits} with v_anchor_bits={cfg.v_anchor_bits} "
-                    f"(one split for K and V)")
         # the largest page (sinks + a full body page) bounds the tiling's Unified Buffer plan
         return self._kernels.check(cfg, num_kv_heads, cfg.num_sink_tokens + cfg.page_size, head_dim, dtype)
 
@@ -441,7 +445,7 @@ class _NpuKernels:
     @staticmethod
     def _args(cfg: LynxConfig) -> tuple[int, ...]:
         """The codec arguments every op takes (compress also takes the centre: _compress_args)."""
-        return (cfg.page_size, cfg.chunk("k"), cfg.chunk("v"), cfg.anchor_bits, _AXES[cfg.k_axis],
+        return (cfg.page_size, cfg.chunk("k"), cfg.chunk("v"), cfg.bits("k"), cfg.bits("v"), _AXES[cfg.k_axis],
                 _AXES[cfg.v_axis], cfg.num_sink_tokens)
 
     @classmethod

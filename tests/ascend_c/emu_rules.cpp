@@ -70,15 +70,15 @@ int main()
         for (int l = 0; l < 8; ++l) lo8 = std::min(lo8, x.GetValue(l));
         Check(z.GetValue(0) == lo8, "WholeReduceMin ignores the lanes past the mask");
 
-        // GatherMask built-in patterns 1 / 2: even / odd lanes, packed back to back
-        for (int i = 0; i < 128; ++i) x.SetValue(i, (float)i);
-        uint64_t kept = 0;
-        GatherMask(y, x, 1, false, 0, GatherMaskParams(1, 2, 8, 0), kept);
-        GatherMask(z, x, 2, false, 0, GatherMaskParams(1, 2, 8, 0), kept);
-        Check(kept == 64 && y.GetValue(0) == 0 && y.GetValue(63) == 126 && z.GetValue(63) == 127,
-              "GatherMask patterns 1 and 2 keep even / odd lanes");
+        // Duplicate, bit-mask mode: only the lanes whose mask bit is set, in every repeat
+        for (int i = 0; i < 128; ++i) y.SetValue(i, -1.0f);
+        uint64_t lanes[2] = {(1ull << 3) | (1ull << 63), 0};
+        Duplicate(y, 5.0f, lanes, 2, 1, 8);
+        Check(y.GetValue(3) == 5 && y.GetValue(63) == 5 && y.GetValue(64 + 3) == 5 && y.GetValue(2) == -1 &&
+              y.GetValue(64 + 4) == -1, "Duplicate with a bit mask writes only the masked lanes");
 
         // Brcb: each of 8 values fills one 32-byte block
+        for (int i = 0; i < 128; ++i) x.SetValue(i, (float)i);
         Brcb(y, x, 1, BrcbRepeatParams(1, 8));
         Check(y.GetValue(0) == 0 && y.GetValue(7) == 0 && y.GetValue(8) == 1 && y.GetValue(63) == 7,
               "Brcb spreads each value over a 32-byte block");
@@ -205,6 +205,13 @@ int main()
         LocalTensor<float> x = b.Get<float>();
         Add(x, x, x, 65);  // past the 64-float buffer
     }), "an operation past the tensor's end is refused");
+    Check(Raises([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 512);
+        uint64_t high[2] = {0, 1};  // lane 64: a float repeat has 64
+        Duplicate(b.Get<float>(), 1.0f, high, 1, 1, 8);
+    }), "a bit mask past a float repeat's 64 lanes is refused");
     std::printf("%d failed\n", g_failed);
     return g_failed ? 1 : 0;
 }

@@ -30,6 +30,14 @@ SPLIT_CHUNKS = [
 ]
 # head_dim 32 (below a 64 chunk: one chunk of 32), 64 and 128; ragged last pages and chunk tails
 SPLIT_SHAPES = [(2, 37, 32), (2, 300, 64), (1, 517, 128)]
+# K and V split by anchor bits of their own (LynxConfig.anchor_bits, v_anchor_bits): codes of every
+# width from 1 to 7 bits (3, 5, 6, 7 straddle bytes), in K's and in V's streams
+SPLIT_BITS = [
+    {"anchor_bits": 5, "v_anchor_bits": 4},
+    {"anchor_bits": 4, "v_anchor_bits": 5},
+    {"anchor_bits": 6, "v_anchor_bits": 3},
+    {"anchor_bits": 7, "v_anchor_bits": 2},
+]
 
 
 def exact_kv(cfg: LynxConfig, h: int, t: int, d: int, dtype: torch.dtype, seed: int = 0):

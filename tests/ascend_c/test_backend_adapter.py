@@ -20,7 +20,8 @@ H, T, D = 2, 150, 32
 
 
 @pytest.fixture(scope="module", params=[{"center": "midrange"}, {"center": "mean"},
-                                        {"center": "midrange", "v_chunk_size": 64}], ids=str)
+                                        {"center": "midrange", "v_chunk_size": 64},
+                                        {"center": "midrange", "anchor_bits": 5, "v_anchor_bits": 4}], ids=str)
 def streams(host_build, request):
     cfg = CFG.replace(**request.param)
     k, v = exact_kv(cfg, H, T, D, torch.bfloat16)
@@ -80,13 +81,16 @@ def test_supports_names_what_it_cannot_run(host_build):
     assert "float16 or bfloat16" in backend.supports(LynxConfig(center="mean"), 8, 128, torch.float32)
     assert backend.supports(LynxConfig(v_chunk_size=64), 8, 128, torch.bfloat16) is None  # K, V chunks differ
     assert "v_chunk_size=48" in backend.supports(LynxConfig(v_chunk_size=48), 8, 128, torch.bfloat16)
+    for kb, vb in ((5, 4), (4, 5), (6, 3)):  # K, V splits differ
+        assert backend.supports(LynxConfig(anchor_bits=kb, v_anchor_bits=vb), 8, 128, torch.bfloat16) is None
 
 
-@pytest.mark.parametrize("center", ["midrange", "mean"])
-def test_npu_tensors_dispatch_to_ascend_c_for_both_centres(host_build, monkeypatch, center):
-    """The default config (midrange) no longer falls back to the torch reference on an NPU."""
+@pytest.mark.parametrize("cfg", [LynxConfig(), LynxConfig(center="mean"), LynxConfig(anchor_bits=5, v_anchor_bits=4)],
+                         ids=["midrange", "mean", "split-5-4"])
+def test_npu_tensors_dispatch_to_ascend_c(host_build, monkeypatch, cfg):
+    """Neither centre nor a K, V split of their own falls back to the torch reference on an NPU."""
     monkeypatch.delenv("LYNX_BACKEND", raising=False)
     monkeypatch.setitem(backends._REGISTRY, "ascend_c",  # the host build stands in for the NPU one
                         backends._Entry("ascend_c", ("npu",), host_build.host_backend))
-    name, _ = backends.select("npu", None, LynxConfig(center=center), 8, 128, torch.bfloat16)
+    name, _ = backends.select("npu", None, cfg, 8, 128, torch.bfloat16)
     assert name == "ascend_c"

@@ -10,7 +10,7 @@ import torch
 
 from lynx_npu.codec.lynx import LynxCodec
 
-from .parity import SPLIT_CHUNKS, SPLIT_SHAPES, random_kv
+from .parity import SPLIT_BITS, SPLIT_CHUNKS, SPLIT_SHAPES, random_kv
 
 DTYPES = [torch.bfloat16, torch.float16]
 CENTERS = ["midrange", "mean"]
@@ -59,12 +59,27 @@ def test_k_and_v_chunks_of_their_own_decode_bit_identical(host_build, center, st
     assert torch.equal(_bits(got_v), _bits(want_v))
 
 
+@pytest.mark.parametrize("stage", ["anchor", "full"])
+@pytest.mark.parametrize("v_axis", ["token", "channel"])
+@pytest.mark.parametrize("split", SPLIT_BITS, ids=_ids)
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=_ids)
+def test_k_and_v_splits_of_their_own_decode_bit_identical(host_build, stage, v_axis, split, shape):
+    codec = LynxCodec("default", **split, v_axis=v_axis)
+    k, v = random_kv(*shape, torch.bfloat16, seed=2)
+    enc = codec.encode(k, v)
+    want_k, want_v = codec.decode(enc, stage)
+    got_k, got_v = host_build.decompress(enc.anchor, enc.residual, shape, torch.bfloat16, codec.config, stage=stage)
+    assert torch.equal(_bits(got_k), _bits(want_k))
+    assert torch.equal(_bits(got_v), _bits(want_v))
+
+
 @pytest.mark.parametrize("center", CENTERS)
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64], ids=_ids)
 @pytest.mark.parametrize("stage", ["anchor", "full"])
-@pytest.mark.parametrize("v_chunk_size", [32, 64])
-def test_paged_output_lands_in_the_slots(host_build, center, slot_dtype, stage, v_chunk_size):
-    codec = LynxCodec(center=center, page_size=64, chunk_size=16, v_chunk_size=v_chunk_size)
+# V's own chunk, and K, V splits of their own
+@pytest.mark.parametrize("overrides", [{}, {"v_chunk_size": 64}, SPLIT_BITS[2]], ids=_ids)
+def test_paged_output_lands_in_the_slots(host_build, center, slot_dtype, stage, overrides):
+    codec = LynxCodec(center=center, page_size=64, chunk_size=16, **overrides)
     h, t, d, block_size, num_blocks = 2, 150, 32, 16, 16
     k, v = random_kv(h, t, d, torch.bfloat16, seed=3)
     enc = codec.encode(k, v)

@@ -1,5 +1,5 @@
 """The host emulation of the Ascend C API implements the documented semantics the kernels rely
-on (reduction order, GatherMask / Brcb / Compare / Select / Gather, cast rounding, DataCopyPad)
+on (reduction order, bit-mask Duplicate / Brcb / Compare / Select / Gather, cast rounding, DataCopyPad)
 and refuses what a real kernel must not do (emu_rules.cpp)."""
 import pathlib
 import shutil

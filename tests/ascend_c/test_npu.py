@@ -26,18 +26,19 @@ def npu_ops():
     return torch.ops.lynx_ascend
 
 
+@pytest.mark.parametrize("split", [(4, 4), (5, 4)])  # K's and V's anchor bits
 @pytest.mark.parametrize("center", ["midrange", "mean"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_npu_compress_and_decompress_match_the_reference(npu_ops, dtype, center):
+def test_npu_compress_and_decompress_match_the_reference(npu_ops, dtype, center, split):
     from lynx_npu.ops.ascend_c_host import kernel_tables
 
-    codec = LynxCodec(center=center)
+    codec = LynxCodec(center=center, anchor_bits=split[0], v_anchor_bits=split[1])
     cfg = codec.config
     k, v = random_kv(4, 1100, 128, dtype, seed=5)
     ref = codec.encode(k, v)
     axes = {"channel": 0, "token": 1}
-    args = (cfg.page_size, cfg.chunk("k"), cfg.chunk("v"), cfg.anchor_bits, axes[cfg.k_axis], axes[cfg.v_axis],
-            cfg.num_sink_tokens)
+    args = (cfg.page_size, cfg.chunk("k"), cfg.chunk("v"), cfg.bits("k"), cfg.bits("v"), axes[cfg.k_axis],
+            axes[cfg.v_axis], cfg.num_sink_tokens)
     thr = [kernel_tables(cfg, w, "thresholds").npu() for w in "kv"]
     lv = [kernel_tables(cfg, w, "levels").npu() for w in "kv"]
     a, r = npu_ops.compress(k.npu(), v.npu(), *thr, *args, {"mean": 0, "midrange": 1}[center])

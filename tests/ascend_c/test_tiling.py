@@ -24,6 +24,10 @@ CASES = [
     (LynxConfig(center="mean", v_chunk_size=64), 2, 300, 32),
     (LynxConfig(center="mean", v_chunk_size=16), 3, 517, 64),
     (LynxConfig(center="mean", page_size=128, chunk_size=16, v_axis="channel", v_chunk_size=64), 2, 300, 64),
+    # K and V splits of their own: k_codes / v_codes and k_res / v_res sections of different sizes
+    (LynxConfig(center="mean", anchor_bits=5, v_anchor_bits=4), 8, 4096, 128),
+    (LynxConfig(center="mean", anchor_bits=6, v_anchor_bits=3, num_sink_tokens=3), 3, 517, 16),
+    (LynxConfig(center="mean", anchor_bits=2, v_anchor_bits=7, v_axis="channel"), 2, 300, 64),
 ]
 
 
@@ -65,7 +69,6 @@ def test_sections_match_the_python_layout(host_build, cfg, h, t, d):
      r"head_dim=64 must be a multiple of v_chunk_size=48 \(or smaller\)"),
     ({"cfg": LynxConfig(center="mean", v_chunk_size=64), "head_dim": 96},
      "head_dim=96 must be a multiple of v_chunk_size=64"),
-    ({"cfg": LynxConfig(center="mean", anchor_bits=5)}, "anchor_bits=5"),
     ({"dtype": torch.float32}, "float16 or bfloat16"),
     ({"head_dim": 2048}, "head_dim=2048"),
 ])
@@ -75,27 +78,33 @@ def test_unsupported_requests_name_the_value(host_build, kwargs, match):
         host_build.make_tiling(args["cfg"], 2, 100, args["head_dim"], args["dtype"])
 
 
-@pytest.mark.parametrize("k_chunk,v_chunk,v_axis,match", [
-    (48, 32, 1, r"page_size=256 must be a multiple of chunk_size=48 for a channel-axis chunk"),
-    (32, 48, 0, r"page_size=256 must be a multiple of v_chunk_size=48 for a channel-axis chunk"),
-    (32, 32, 2, r"v_axis=2 unknown"),
+@pytest.mark.parametrize("k_chunk,v_chunk,k_bits,v_bits,v_axis,match", [
+    (48, 32, 4, 4, 1, r"page_size=256 must be a multiple of chunk_size=48 for a channel-axis chunk"),
+    (32, 48, 4, 4, 0, r"page_size=256 must be a multiple of v_chunk_size=48 for a channel-axis chunk"),
+    (32, 32, 4, 4, 2, r"v_axis=2 unknown"),
+    # K's and V's anchor bits are checked apart (\b: not v_anchor_bits)
+    (32, 32, 8, 4, 1, r"\banchor_bits=8 must be in \[2, 7\]"),
+    (32, 32, 4, 1, 1, r"v_anchor_bits=1 must be in \[2, 7\]"),
 ])
-def test_the_c_tiling_checks_k_and_v_apart(host_build, k_chunk, v_chunk, v_axis, match):
+def test_the_c_tiling_checks_k_and_v_apart(host_build, k_chunk, v_chunk, k_bits, v_bits, v_axis, match):
     """Requests LynxConfig itself refuses, sent to the C function as they are (K per channel)."""
     lib = host_build.library()
     raw = (ctypes.c_uint8 * lib.lynx_host_tiling_bytes())()
     err = ctypes.create_string_buffer(512)
-    # heads, tokens, head_dim, dtype bytes, page_size, K / V chunk, anchor_bits, K / V axis, sinks,
-    # center, mode, use_residual, block_size, slot bytes, num_slots, UB bytes (0: the A2's)
-    rc = lib.lynx_host_tiling(2, 300, 64, 2, 256, k_chunk, v_chunk, 4, 0, v_axis, 4, 1, 0, 1, 0, 8, 0, 0,
-                              raw, err, len(err))
+    # heads, tokens, head_dim, dtype bytes, page_size, K / V chunk, K / V anchor bits, K / V axis,
+    # sinks, center, mode, use_residual, block_size, slot bytes, num_slots, UB bytes (0: the A2's)
+    rc = lib.lynx_host_tiling(2, 300, 64, 2, 256, k_chunk, v_chunk, k_bits, v_bits, 0, v_axis, 4, 1, 0, 1, 0, 8,
+                              0, 0, raw, err, len(err))
     assert rc != 0
     assert re.search(match, err.value.decode()), err.value.decode()
 
 
-# V per token in 64-value chunks takes head_dim <= 64 or a multiple of 64 (96 is refused above)
+# V per token in 64-value chunks takes head_dim <= 64 or a multiple of 64 (96 is refused above);
+# K's 7-bit anchors beside V's 6-bit residuals need the widest code buffers
 @pytest.mark.parametrize("cfg,dims", [(LynxConfig(center="mean"), (16, 64, 96, 128, 256)),
-                                      (LynxConfig(center="mean", v_chunk_size=64), (16, 48, 64, 128, 192, 256))])
+                                      (LynxConfig(center="mean", v_chunk_size=64), (16, 48, 64, 128, 192, 256)),
+                                      (LynxConfig(center="mean", anchor_bits=7, v_anchor_bits=2),
+                                       (16, 64, 96, 128, 256))])
 def test_every_supported_request_fits_the_unified_buffer(host_build, cfg, dims):
     for d in dims:
         for mode in (0, 1, 2):
@@ -117,6 +126,18 @@ def test_row_blocks_hold_whole_chunks_of_k_and_of_v(host_build, cfg, d):
         for w, rows in zip("kv", t.block_rows):
             assert rows > 0 and rows % (cfg.chunk(w) if cfg.axis(w) == "channel" else 8) == 0, (w, rows)
         assert t.rows_per_block == max(t.block_rows) and t.ub_bytes <= 192 * 1024
+
+
+@pytest.mark.parametrize("split", [(4, 4), (5, 4), (4, 5), (6, 3), (7, 2), (2, 7)])
+def test_k_and_v_carry_their_own_split(host_build, split):
+    """The tiling holds each tensor's anchor bits, residual bits, y_max and bias (LynxConfig's)."""
+    cfg = LynxConfig(anchor_bits=split[0], v_anchor_bits=split[1])
+    for mode in (0, 1):
+        t = host_build.make_tiling(cfg, 2, 300, 64, torch.bfloat16, mode=mode)
+        assert t.anchor_bits == (cfg.bits("k"), cfg.bits("v")) == split
+        assert t.residual_bits == (cfg.residual_bits("k"), cfg.residual_bits("v"))
+        assert t.y_max == (cfg.y_max("k"), cfg.y_max("v"))
+        assert t.bias == (cfg.bias("k"), cfg.bias("v"))
 
 
 def test_too_wide_heads_for_one_chunk_of_rows_are_refused(host_build):

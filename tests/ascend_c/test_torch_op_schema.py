@@ -10,20 +10,22 @@ from .parity import random_kv
 
 def _codec_args(cfg):
     axes = {"channel": 0, "token": 1}
-    return (cfg.page_size, cfg.chunk("k"), cfg.chunk("v"), cfg.anchor_bits, axes[cfg.k_axis], axes[cfg.v_axis],
-            cfg.num_sink_tokens)
+    return (cfg.page_size, cfg.chunk("k"), cfg.chunk("v"), cfg.bits("k"), cfg.bits("v"), axes[cfg.k_axis],
+            axes[cfg.v_axis], cfg.num_sink_tokens)
 
 
 def _compress_args(cfg):
     return (*_codec_args(cfg), {"mean": 0, "midrange": 1}[cfg.center])
 
 
-@pytest.mark.parametrize("v_chunk_size", [32, 64])
+# V's own chunk; K's and V's own splits (code sections of different sizes)
+@pytest.mark.parametrize("overrides", [{}, {"v_chunk_size": 64}, {"anchor_bits": 5, "v_anchor_bits": 4},
+                                       {"anchor_bits": 6, "v_anchor_bits": 3, "v_chunk_size": 64}], ids=str)
 @pytest.mark.parametrize("center", ["midrange", "mean"])
 @pytest.mark.parametrize("shape", [(2, 300, 64), (4, 3, 128), (1, 1000, 16)])
-def test_meta_shapes_match_the_reference_streams(host_build, shape, center, v_chunk_size):
+def test_meta_shapes_match_the_reference_streams(host_build, shape, center, overrides):
     host_build.load_op_schema()
-    codec = LynxCodec(center=center, v_chunk_size=v_chunk_size)
+    codec = LynxCodec(center=center, **overrides)
     k, v = random_kv(*shape, torch.bfloat16)
     enc = codec.encode(k, v)
     meta = dict(device="meta")
@@ -36,6 +38,15 @@ def test_meta_shapes_match_the_reference_streams(host_build, shape, center, v_ch
     torch.ops.lynx_ascend.decompress_paged(a, None, thr, thr, cache, cache.clone(),
                                            torch.empty(shape[1], dtype=torch.int64, **meta), shape[1],
                                            *_codec_args(codec.config))
+
+
+@pytest.mark.parametrize("op", ["compress", "decompress", "decompress_paged"])
+def test_every_op_takes_v_anchor_bits_after_anchor_bits(host_build, op):
+    host_build.load_op_schema()
+    names = [a.name for a in getattr(torch.ops.lynx_ascend, op).default._schema.arguments]
+    i = names.index("chunk_size")
+    assert names[i:i + 7] == ["chunk_size", "v_chunk_size", "anchor_bits", "v_anchor_bits", "k_axis", "v_axis",
+                              "num_sink_tokens"]
 
 
 def test_schema_rejects_unsupported_requests_and_has_no_cpu_kernel(host_build):
@@ -51,6 +62,10 @@ def test_schema_rejects_unsupported_requests_and_has_no_cpu_kernel(host_build):
     z = torch.empty(2, 10, 64, dtype=torch.float16, device="meta")
     with pytest.raises(RuntimeError, match="head_dim=64 must be a multiple of v_chunk_size=48"):
         torch.ops.lynx_ascend.compress(z, z, thr, thr, *_compress_args(LynxCodec(v_chunk_size=48).config))
+    bad = list(args)
+    bad[4] = 8  # v_anchor_bits (LynxConfig refuses it itself)
+    with pytest.raises(RuntimeError, match="v_anchor_bits=8 must be in"):
+        torch.ops.lynx_ascend.compress(y, y, thr, thr, *bad)
     k, v = random_kv(2, 10, 32, torch.float16)
     with pytest.raises(NotImplementedError):
         torch.ops.lynx_ascend.compress(k, v, torch.zeros(128), torch.zeros(128), *args)
