@@ -62,9 +62,11 @@ class PerLayerSerde(PageSerde):
         return " / ".join(dict.fromkeys(used)) or "none"
 
     def compress_backend(self, device, num_kv_heads: int, head_dim: int, dtype) -> str:
-        names = [s.compress_backend(device, num_kv_heads, head_dim, dtype)
-                 for s in self._serdes.values()] or ["(no layer encoded yet)"]
-        return " / ".join(dict.fromkeys(names))
+        """What every layer config runs on ("cpu", or e.g. "cpu / torch" where they differ)."""
+        n = self.codec.config.layer_anchor_bits[-1][0] + 2  # the listed layers and another
+        serdes = dict.fromkeys(self.for_layer(i, n) for i in range(n))
+        return " / ".join(dict.fromkeys(s.compress_backend(device, num_kv_heads, head_dim, dtype)
+                                        for s in serdes))
 
     decompress_backend = compress_backend
 

