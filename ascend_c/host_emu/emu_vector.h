@@ -39,6 +39,16 @@ struct BrcbRepeatParams {
     BrcbRepeatParams(uint16_t b, uint16_t r) : dstBlkStride(b), dstRepStride(r) {}
 };
 
+struct GatherMaskParams {
+    uint8_t src0BlockStride = 1;
+    uint16_t repeatTimes = 1;
+    uint16_t src0RepeatStride = 8;
+    uint8_t src1RepeatStride = 8;
+    GatherMaskParams() = default;
+    GatherMaskParams(uint8_t blk, uint16_t rep, uint16_t repStride, uint8_t src1Rep)
+        : src0BlockStride(blk), repeatTimes(rep), src0RepeatStride(repStride), src1RepeatStride(src1Rep) {}
+};
+
 namespace emu {
 
 template <typename T>
@@ -343,7 +353,7 @@ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, con
         dst.Addr()[i] = (m[i / 8] >> (i % 8)) & 1u ? src0.Addr()[i] : src1Scalar;
 }
 
-// ---- Gather / Brcb --------------------------------------------------------------------------
+// ---- Gather / GatherMask / Brcb -------------------------------------------------------------
 
 // dst[i] = element at byte offset srcBaseAddr + srcOffset[i] of src
 template <typename T>
@@ -362,6 +372,31 @@ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& src, const L
             EmuFail("Gather: byte offset " + std::to_string(off) + " outside the source tensor or misaligned");
         std::memcpy(&dst.Addr()[i], (const uint8_t*)src.Addr() + off, sizeof(T));
     }
+}
+
+// Normal mode (reduceMode = false) with a built-in pattern: per repeat of 256 bytes, pattern 1
+// keeps even lanes, 2 odd lanes, 3..6 lane 0..3 of every 4, 7 all; kept elements are written to
+// dst back to back; rsvdCnt returns how many.
+template <typename T>
+inline void GatherMask(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const uint8_t src1Pattern,
+                       const bool reduceMode, const uint32_t mask, const GatherMaskParams& p, uint64_t& rsvdCnt)
+{
+    (void)mask;
+    if (reduceMode) EmuFail("GatherMask: only normal mode (reduceMode = false) is emulated");
+    if (src1Pattern < 1 || src1Pattern > 7) EmuFail("GatherMask: built-in pattern must be 1..7");
+    uint32_t lanes = emu::PerRepeat<T>();
+    CheckVector(src0, p.repeatTimes ? emu::LaneIndex<T>(p.repeatTimes - 1, lanes - 1, p.src0BlockStride,
+                                                        p.src0RepeatStride) + 1 : 0, "GatherMask");
+    uint64_t n = 0;
+    for (uint32_t r = 0; r < p.repeatTimes; ++r)
+        for (uint32_t l = 0; l < lanes; ++l) {
+            bool keep = src1Pattern == 1 ? l % 2 == 0 : src1Pattern == 2 ? l % 2 == 1
+                      : src1Pattern == 7 ? true : l % 4 == (uint32_t)(src1Pattern - 3);
+            if (!keep) continue;
+            CheckVector(dst, n + 1, "GatherMask");
+            dst.Addr()[n++] = src0.Addr()[emu::LaneIndex<T>(r, l, p.src0BlockStride, p.src0RepeatStride)];
+        }
+    rsvdCnt = n;
 }
 
 // Each repeat takes 8 elements of src0 and fills one 32-byte block of dst with each.

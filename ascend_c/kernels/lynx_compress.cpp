@@ -391,8 +391,26 @@ private:
         AscendC::CompareScalar(mask, ax, 0.0f, AscendC::CMPMODE::LT, n);
         AscendC::Adds(tmp, ax, one, n);
         AscendC::Select(ax, mask, tmp, ax, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
-        Pack(codes, idx, n, a, 2 * kv);
-        Pack(res, ax, n, r, 2 * kv + 1);
+        // 4-bit streams (the default split) take the nibble packer: fewer vector instructions
+        if (a == 4) PackNibbles(codes, idx, n); else Pack(codes, idx, n, a, 2 * kv);
+        if (r == 4) PackNibbles(res, ax, n); else Pack(res, ax, n, r, 2 * kv + 1);
+    }
+
+    // Two 4-bit values per byte, low nibble first: GatherMask splits even / odd lanes,
+    // byte = even + 16 * odd, then float -> half -> uint8 (exact for 0..255).
+    __aicore__ inline void PackNibbles(const AscendC::LocalTensor<uint8_t>& dst, const AscendC::LocalTensor<float>& nib,
+                                       uint32_t n)
+    {
+        AscendC::LocalTensor<float> tmp = f3Buf_.Get<float>();
+        AscendC::LocalTensor<half> h = offBuf_.Get<half>();
+        const AscendC::GatherMaskParams p(1, (uint16_t)(n / REPEAT_FLOATS), 8, 0);
+        uint64_t kept = 0;
+        AscendC::GatherMask(tmp, nib, 1, false, 0, p, kept);            // even lanes
+        AscendC::GatherMask(tmp[n / 2], nib, 2, false, 0, p, kept);     // odd lanes
+        AscendC::Muls(tmp[n / 2], tmp[n / 2], 16.0f, n / 2);
+        AscendC::Add(tmp, tmp, tmp[n / 2], n / 2);
+        AscendC::Cast(h, tmp, AscendC::RoundMode::CAST_NONE, n / 2);
+        AscendC::Cast(dst, h, AscendC::RoundMode::CAST_NONE, n / 2);
     }
 
     // v: n codes of b bits (integers in float, n % 64 == 0; clobbered) of code stream st ->

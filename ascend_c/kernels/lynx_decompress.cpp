@@ -11,6 +11,8 @@
  * Codes (a anchor bits and r = 8 - a residual bits, each of K and V its own a) are unpacked
  * without bit instructions: bytes go through Cast to float, two Gathers bring each value the
  * byte it starts in and the next one, and floor divisions by powers of two cut its bits out.
+ * 4-bit streams (the default) take the nibble path: one Gather duplicates byte j into lanes 2j
+ * and 2j+1, and a Select takes hi = floor(b / 16) on odd lanes, lo = b - 16 * hi on even ones.
  *
  * Pipeline per work item (page, K|V, head) and row block:
  *   CopyIn (MTE2: codes, residual, mu | sigma -> queues) -> Compute (V) -> CopyOut (MTE3).
@@ -100,11 +102,25 @@ private:
         const uint32_t sb = t_->subBlock;
         AscendC::LocalTensor<float> group = groupBuf_.Get<float>();
         AscendC::LocalTensor<int32_t> ints = offBuf_.Get<int32_t>();
-        AscendC::CreateVecIndex(group, 0.0f, sb);
-        AscendC::Muls(group, group, 1.0f / BLOCK_FLOATS, sb);
-        AscendC::Cast(ints, group, AscendC::RoundMode::CAST_FLOOR, sb);
-        AscendC::Cast(group, ints, AscendC::RoundMode::CAST_NONE, sb);
-        AscendC::Muls(group, group, (float)sizeof(float), sb);
+        allNibbles_ = true;
+        for (uint32_t kv = 0; kv < 2; ++kv)
+            if (t_->anchorBits[kv] != 4 || t_->residualBits[kv] != 4) allNibbles_ = false;
+        if (allNibbles_) {  // no generic stream: groupBuf_ holds dup[i] = 4 * floor(i / 2) instead
+            AscendC::LocalTensor<float> f = f1Buf_.Get<float>();
+            AscendC::LocalTensor<int32_t> dup = groupBuf_.Get<int32_t>();
+            AscendC::CreateVecIndex(f, 0.0f, sb);
+            AscendC::Muls(f, f, 0.5f, sb);
+            AscendC::Cast(dup, f, AscendC::RoundMode::CAST_FLOOR, sb);
+            AscendC::Cast(f, dup, AscendC::RoundMode::CAST_NONE, sb);
+            AscendC::Muls(f, f, (float)sizeof(float), sb);
+            AscendC::Cast(dup, f, AscendC::RoundMode::CAST_RINT, sb);
+        } else {
+            AscendC::CreateVecIndex(group, 0.0f, sb);
+            AscendC::Muls(group, group, 1.0f / BLOCK_FLOATS, sb);
+            AscendC::Cast(ints, group, AscendC::RoundMode::CAST_FLOOR, sb);
+            AscendC::Cast(group, ints, AscendC::RoundMode::CAST_NONE, sb);
+            AscendC::Muls(group, group, (float)sizeof(float), sb);
+        }
         for (uint32_t st = 0; st < LYNX_CODE_STREAMS; ++st) {
             const uint32_t b = st % 2 ? t_->residualBits[st / 2] : t_->anchorBits[st / 2];
             float first[BLOCK_FLOATS], spill[BLOCK_FLOATS], shift[BLOCK_FLOATS];
@@ -282,6 +298,10 @@ private:
     // again: its bits are cut off), then (w >> shift) mod 2^b by floor divisions (exact: w < 2^16).
     __aicore__ inline void Unpack(const AscendC::LocalTensor<uint8_t>& bytes, uint32_t m, uint32_t b, uint32_t st)
     {
+        if (b == 4) {  // 4-bit streams (the default split): the nibble path, fewer vector instructions
+            UnpackNibbles(bytes, m, st);
+            return;
+        }
         AscendC::LocalTensor<float> v = f1Buf_.Get<float>();
         AscendC::LocalTensor<float> byteF = f3Buf_.Get<float>();
         AscendC::LocalTensor<float> tmp = f4Buf_.Get<float>();
@@ -306,6 +326,35 @@ private:
         AscendC::Cast(tmp, off, AscendC::RoundMode::CAST_NONE, m);
         AscendC::Muls(tmp, tmp, (float)(1u << b), m);
         AscendC::Sub(v, v, tmp, m);                                     // mod 2^b
+    }
+
+    // m / 2 packed bytes -> m nibbles (low nibble first) in f1 as float: Gather duplicates byte j
+    // into lanes 2j and 2j + 1, Select takes the high nibble on odd lanes, the low one on even.
+    __aicore__ inline void UnpackNibbles(const AscendC::LocalTensor<uint8_t>& bytes, uint32_t m, uint32_t st)
+    {
+        AscendC::LocalTensor<float> nib = f1Buf_.Get<float>();
+        AscendC::LocalTensor<float> tmp = f3Buf_.Get<float>();
+        AscendC::LocalTensor<float> lo = f4Buf_.Get<float>();
+        AscendC::LocalTensor<half> h = halfBuf_.Get<half>();
+        AscendC::LocalTensor<int32_t> off = offBuf_.Get<int32_t>();
+        AscendC::LocalTensor<uint8_t> odd = resMaskBuf_.Get<uint8_t>();  // free until Dequantize's rneg
+        AscendC::LocalTensor<uint32_t> dup = groupBuf_.Get<uint32_t>();
+        if (!allNibbles_) {  // groupBuf_ holds 4 * group: dup = 4 * (4 * group + lane's byte)
+            AscendC::Muls(lo, groupBuf_.Get<float>(), 4.0f, m);
+            PatternOp(Op::ADD, lo, lo, Lanes(st, 0), m);
+            AscendC::Cast(off, lo, AscendC::RoundMode::CAST_RINT, m);
+            dup = off.ReinterpretCast<uint32_t>();
+        }
+        AscendC::Duplicate(odd.ReinterpretCast<uint16_t>(), (uint16_t)0xAAAA, m / 16);
+        AscendC::Cast(h, bytes, AscendC::RoundMode::CAST_NONE, m / 2);
+        AscendC::Cast(tmp, h, AscendC::RoundMode::CAST_NONE, m / 2);
+        AscendC::Gather(nib, tmp, dup, 0, m);                           // lanes 2j, 2j + 1 <- byte j
+        AscendC::Muls(tmp, nib, 1.0f / 16, m);
+        AscendC::Cast(off, tmp, AscendC::RoundMode::CAST_FLOOR, m);
+        AscendC::Cast(tmp, off, AscendC::RoundMode::CAST_NONE, m);      // hi = floor(b / 16)
+        AscendC::Muls(lo, tmp, 16.0f, m);
+        AscendC::Sub(lo, nib, lo, m);                                   // lo = b - 16 * hi
+        AscendC::Select(nib, odd, tmp, lo, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
     }
 
     __aicore__ inline int64_t SlotOf(uint32_t token) const
@@ -378,6 +427,7 @@ private:
     AscendC::TBuf<AscendC::TPosition::VECCALC> halfBuf_, groupBuf_;    // [subBlock]
     AscendC::TBuf<AscendC::TPosition::VECCALC> negBuf_, resMaskBuf_;   // [subBlock] bits
     AscendC::TBuf<AscendC::TPosition::VECCALC> laneBuf_;               // [code streams, 3] blocks
+    bool allNibbles_ = false;  // K and V both 4 + 4: groupBuf_ holds the nibble Gather offsets
 };
 
 }  // namespace lynx

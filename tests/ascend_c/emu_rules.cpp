@@ -70,6 +70,14 @@ int main()
         for (int l = 0; l < 8; ++l) lo8 = std::min(lo8, x.GetValue(l));
         Check(z.GetValue(0) == lo8, "WholeReduceMin ignores the lanes past the mask");
 
+        // GatherMask built-in patterns 1 / 2: even / odd lanes, packed back to back
+        for (int i = 0; i < 128; ++i) x.SetValue(i, (float)i);
+        uint64_t kept = 0;
+        GatherMask(y, x, 1, false, 0, GatherMaskParams(1, 2, 8, 0), kept);
+        GatherMask(z, x, 2, false, 0, GatherMaskParams(1, 2, 8, 0), kept);
+        Check(kept == 64 && y.GetValue(0) == 0 && y.GetValue(63) == 126 && z.GetValue(63) == 127,
+              "GatherMask patterns 1 and 2 keep even / odd lanes");
+
         // Duplicate, bit-mask mode: only the lanes whose mask bit is set, in every repeat
         for (int i = 0; i < 128; ++i) y.SetValue(i, -1.0f);
         uint64_t lanes[2] = {(1ull << 3) | (1ull << 63), 0};
