@@ -7,8 +7,10 @@ SmolLM2 that is a few layers (docs/codec.md, "Where the anchor's KL sits"). Per 
 prompt: prefill exactly, decode the exact greedy continuation, then for each layer alone the
 KL(exact || cache) along it (teacher forcing) of a cache that is exact but for that layer,
 which holds the default ``lynx`` anchor. Layers are ranked by their mean share of the
-all-layer anchor KL; the top ``--layers`` get one more anchor bit, K's alone (``--part k``:
-the damage measured is K's, and half the bytes) or K's and V's.
+all-layer anchor KL; the top ones get one more anchor bit, K's alone (``--part k``: the damage
+measured is K's, and half the bytes) or K's and V's: as many as ``--layers`` allows and the
+anchor's mean bits per value on the calibration prompts stay within ``--budget`` (4.75, issue
+19's; Gemma 3's 18 layers pay 0.028 bits each for K, so it gets one).
 
 Calibration prompts are held out from ``lynx eval accept``'s default sets: the last
 ``--qmsum-prompts`` of the first 35 usable QMSum meetings, and the first ``--mmlu-prompts``
@@ -37,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_path", type=output_file, required=True,
                         help="where the plan and the ranking go")
     parser.add_argument("--layers", type=int_in(1, 64), default=2,
-                        help="layers to widen (default 2)")
+                        help="at most this many layers to widen (default 2)")
+    parser.add_argument("--budget", type=float, default=4.75,
+                        help="the widened anchor's mean bits per value stay within this")
     parser.add_argument("--part", choices=("k", "kv"), default="k",
                         help="widen K's anchor (default) or K's and V's")
     parser.add_argument("--workloads", type=names(("qmsum", "mmlu_pro"), "workload"),
@@ -74,6 +78,13 @@ def layer_kl(model, exact, anchor, fed, batch: int = 8) -> tuple[float, list[flo
     for i in range(0, len(variants), batch):
         kl += divergence(model, [exact] + variants[i:i + batch], fed)[1:]
     return kl[0], kl[1:]
+
+
+def layers_within(budget: float, bits: float, num_layers: int, part: str, most: int) -> int:
+    """How many layers can widen (one more bit for K, half the values, or K and V) while an
+    anchor of ``bits`` per value stays within ``budget``."""
+    per_layer = (1.0 if part == "kv" else 0.5) / num_layers
+    return max(0, min(most, int((budget - bits) / per_layer + 1e-9)))
 
 
 def plan_of(share: list[float], num: int, part: str, base) -> list[list[int]]:
@@ -113,20 +124,24 @@ def run(args: argparse.Namespace) -> int:
             whole, per_layer = layer_kl(loaded.model, exact, anchor,
                                         [prep.first_token] + cont[:-1])
             rows.append({"workload": workload, "id": pid, "tokens": len(ids), "all": whole,
-                         "per_layer": per_layer})
+                         "per_layer": per_layer, "anchor_bits": prep.bits["lynx"]["anchor"]})
             top = sorted(range(len(per_layer)), key=lambda i: -per_layer[i])[:3]
             log(f"{workload} {n}/{len(prompts)} ({pid}, {len(ids)} tokens): anchor KL "
                 f"{whole:.2e}, worst layers {top}")
     nl = len(rows[0]["per_layer"])
     share = [statistics.fmean(r["per_layer"][i] / r["all"] for r in rows) for i in range(nl)]
-    plan = plan_of(share, args.layers, args.part, base.config)
+    bits = statistics.fmean(r["anchor_bits"] for r in rows)
+    num = layers_within(args.budget, bits, nl, args.part, args.layers)
+    plan = plan_of(share, num, args.part, base.config)
     report = {"command": "lynx " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["calibrate"]
               else None, "model": args.model, "part": args.part,
-              "layer_anchor_bits": plan,
+              "layer_anchor_bits": plan, "anchor_bits": bits,
+              "planned_anchor_bits": bits + len(plan) * (1.0 if args.part == "kv" else 0.5) / nl,
               "order": sorted(range(nl), key=lambda i: -share[i]), "share": share,
               "rows": rows, "total_s": time.perf_counter() - t0}
     pathlib.Path(args.json_path).write_text(json.dumps(report, indent=1))
     print(f"layer_anchor_bits {json.dumps(plan)} (layers by share of the anchor KL: "
           + ", ".join(f"{i} {share[i]:.2f}" for i in report["order"][:args.layers + 2])
-          + f"); written to {args.json_path}")
+          + f"; anchor {bits:.3f} -> {report['planned_anchor_bits']:.3f} bits per value, budget "
+          f"{args.budget}); written to {args.json_path}")
     return 0

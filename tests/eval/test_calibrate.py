@@ -7,7 +7,7 @@ import pytest
 
 import lynx_npu
 from lynx_npu.cli import main as lynx_main
-from lynx_npu.eval.calibrate_cmd import plan_of
+from lynx_npu.eval.calibrate_cmd import layers_within, plan_of
 
 pytest.importorskip("transformers")
 
@@ -20,6 +20,15 @@ def test_the_plan_widens_the_layers_of_largest_share_in_layer_order():
     # a valid codec parameter as it stands
     assert lynx_npu.get_codec("lynx", layer_anchor_bits=plan_of(share, 2, "k", base)) \
         .for_layer(3, 5).config.anchor_bits == 5
+
+
+def test_as_many_layers_as_the_budget_allows():
+    # K's anchor one bit wider in a layer of 30: +1/60 bit per value; of 18: +1/36
+    assert layers_within(4.75, 4.701, 30, "k", 2) == 2
+    assert layers_within(4.75, 4.701, 30, "k", 8) == 2           # 3 would reach 4.751
+    assert layers_within(4.75, 4.700, 18, "k", 2) == 1           # Gemma 3
+    assert layers_within(4.75, 4.700, 18, "kv", 2) == 0
+    assert layers_within(4.75, 4.80, 30, "k", 2) == 0            # over it already
 
 
 @pytest.mark.slow
@@ -38,5 +47,7 @@ def test_calibrate_command_on_smollm2(tmp_path, data_dir):
     share = report["share"]
     assert report["order"] == sorted(range(30), key=lambda i: -share[i])
     assert report["layer_anchor_bits"] == [[i, 5, 4] for i in sorted(report["order"][:2])]
+    assert report["planned_anchor_bits"] == pytest.approx(report["anchor_bits"] + 2 / 60)
+    assert report["planned_anchor_bits"] <= 4.75
     codec = lynx_npu.get_codec("lynx", layer_anchor_bits=report["layer_anchor_bits"])
     assert codec.for_layer(report["order"][0], 30).config.anchor_bits == 5

