@@ -28,7 +28,7 @@ class ModeResult:
     tt64_s: float
     drafts_proposed: int
     drafts_accepted: int
-    matches_reference: bool
+    matches_reference: bool | None   # None: the reference mode was not run (--modes)
     client_ttft_s: float      # first token streamed to the client (after verification)
     agreement_bf16: float     # fraction of tokens before the first difference from bf16
     verifications: int
@@ -39,6 +39,10 @@ class ModeResult:
                 "tt64_s": self.tt64_s, "drafts_proposed": self.drafts_proposed,
                 "drafts_accepted": self.drafts_accepted,
                 "matches_reference": self.matches_reference}
+
+
+def _verdict(matches: bool | None) -> str:
+    return "-" if matches is None else "yes" if matches else "NO"
 
 
 def reference_mode(mode: str) -> str:
@@ -52,7 +56,7 @@ def summarize(runs: dict[str, list], modes: list[str]) -> list[ModeResult]:
         rs = runs[mode]
         ref = runs.get(reference_mode(mode))
         bf16 = runs.get("bf16")
-        matches = [ref is not None and r.tokens == ref[i].tokens for i, r in enumerate(rs)]
+        matches = [r.tokens == ref[i].tokens for i, r in enumerate(rs)] if ref else None
         agree = [_agreement(r.tokens, bf16[i].tokens) if bf16 else float("nan")
                  for i, r in enumerate(rs)]
         n = len(rs[0].tokens)
@@ -63,7 +67,7 @@ def summarize(runs: dict[str, list], modes: list[str]) -> list[ModeResult]:
             _median(r.time_to_token(min(64, n)) for r in rs),
             int(_median(r.stats.get("drafts_proposed", 0) for r in rs)),
             int(_median(r.stats.get("drafts_accepted", 0) for r in rs)),
-            all(matches),
+            all(matches) if matches is not None else None,
             _median(r.client_time_to_token(1) for r in rs),
             _median(agree),
             int(_median(r.stats.get("verifications", 0) for r in rs)),
@@ -96,7 +100,7 @@ def table(results: list[ModeResult]) -> str:
     for r in results:
         drafts = f"{r.drafts_accepted}/{r.drafts_proposed}" if r.drafts_proposed else "-"
         lines.append(f"{r.mode:<10} {r.ttft_s:7.2f} {r.tt32_s:7.2f} {r.tt64_s:7.2f} "
-                     f"{drafts:>9} {'yes' if r.matches_reference else 'NO':>6} "
+                     f"{drafts:>9} {_verdict(r.matches_reference):>6} "
                      f"{reference_mode(r.mode):>9} {r.agreement_bf16:8.0%} "
                      f"{r.client_ttft_s:13.2f}")
     return "\n".join(lines)

@@ -53,3 +53,15 @@ def test_summary_json_and_reference():
     line, = [x for x in demo_report.targets(results) if x.startswith("lynx TTFT / int4")]
     assert "(target <= 1.05)" in line and line.endswith("met" if ratio <= 1.05 else "MISSED")
     assert not any("/ int8" in x for x in demo_report.targets(results))
+
+
+def test_a_reference_not_run_is_not_a_mismatch():
+    """--modes int8,int4,lynx runs neither bf16 nor lynx-int8: nothing to compare, which the
+    table and the JSON say ("-", null) instead of a mismatch ("NO")."""
+    toks, times = list(range(8)), [1.0 + 0.1 * i for i in range(8)]
+    runs = {"int4": [_run("int4", toks, 0.0, times)], "lynx": [_run("lynx", toks, 0.0, times)]}
+    results = demo_report.summarize(runs, ["int4", "lynx"])
+    assert all(r.matches_reference is None for r in results)
+    row = next(line for line in demo_report.table(results).splitlines() if line.startswith("lynx"))
+    assert " - " in row and "NO" not in row
+    assert demo_report.to_json(results, 0.2, 1)["modes"][1]["matches_reference"] is None
