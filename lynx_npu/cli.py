@@ -32,7 +32,7 @@ COMMANDS: dict[tuple[str | None, str], tuple[str, str]] = {
     ("bench", "ttkt"): ("lynx_npu.integration.vllm_ascend.tools.ttkt_sweep",
                         "TTFT/TT64 of lynx vs int8 across prompt lengths and link rates"),
     (None, "calibrate"): ("lynx_npu.eval.calibrate_cmd",
-                          "the layers whose anchor a model needs wider (layer_anchor_bits)"),
+                          "a model's Lynx plan: wider anchors and larger V chunks by layer (lynx_plan)"),
     (None, "demo"): ("lynx_npu.integration.vllm_ascend.tools.demo",
                      "prefill + decode vLLM instances with Lynx KV transfer"),
 }

@@ -128,6 +128,24 @@ def check_codec(name: str, codec) -> None:
         raise ValueError(f"{name}={codec!r} is not a codec; codecs: {', '.join(list_codecs())}")
 
 
+def check_lynx_plan(plan) -> dict:
+    """A model's Lynx plan checked as the codec checks its parameters: the same dict, with the
+    codec's own values (per-layer plans as tuples)."""
+    if not isinstance(plan, dict):
+        raise ValueError(f"lynx_plan={plan!r} must be a dict of Lynx codec parameters "
+                         f"(what `lynx calibrate` writes), e.g. "
+                         f"{{\"layer_anchor_bits\": [[18, 5, 4]]}}")
+    unknown = set(plan) - parameter_names("lynx")
+    if unknown:
+        raise ValueError(f"lynx_plan has unknown Lynx parameter(s) {sorted(unknown, key=str)}; "
+                         f"parameters: {sorted(parameter_names('lynx'))}")
+    try:
+        config = get_codec("lynx", **plan).config
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"lynx_plan: {e}") from None
+    return {name: getattr(config, name) for name in plan}
+
+
 def declared_codecs(config: "LynxConnectorConfig | None" = None) -> tuple:
     """What both sides announce in the transport's handshake: every registered codec with the
     parameters this build and ``config`` give it (requests name codecs only by name). A prefill
@@ -202,10 +220,11 @@ class LynxConnectorConfig:
     # decode side reads every anchor before any residual; its port names its objects)
     lmcache_dir: str | None = None     # the shared L2 directory (required for lmcache)
     lmcache_l1_mb: int = 256           # this instance's LMCache L1 (host memory)
-    # The model's per-layer anchor plan, [[layer, K's anchor bits, V's], ...], as `lynx
-    # calibrate` writes it (docs/codec.md); every Lynx codec takes it. Both instances need the
-    # same plan: the handshake refuses a difference.
-    layer_anchor_bits: tuple | None = None
+    # The model's Lynx plan, as `lynx calibrate` writes it: Lynx codec parameters, e.g.
+    # {"layer_anchor_bits": [[18, 5, 4]], "v_chunk_size": 64, "layer_v_chunk_size": [[3, 32]]}
+    # (docs/deploy.md), given to every Lynx codec. Both instances need the same plan: the
+    # handshake refuses a difference.
+    lynx_plan: dict | None = None
 
     def __post_init__(self):
         if self.role not in ROLES.values():
@@ -231,9 +250,8 @@ class LynxConnectorConfig:
             check_secret(self.secret)
         if self.transport not in TRANSPORTS:
             raise ValueError(f"{self.transport=} must be one of {list(TRANSPORTS)}")
-        if self.layer_anchor_bits is not None:  # the codec's own checks, as a tuple of triples
-            plan = get_codec("lynx", layer_anchor_bits=self.layer_anchor_bits).config
-            object.__setattr__(self, "layer_anchor_bits", plan.layer_anchor_bits)
+        if self.lynx_plan is not None:
+            object.__setattr__(self, "lynx_plan", check_lynx_plan(self.lynx_plan))
         self.mooncake_config()  # checks mooncake_host, mooncake_protocol, mooncake_device
         if self.gbps is not None and self.transport == "mooncake" and self.role == "producer":
             raise ValueError(f"gbps={self.gbps!r} on the prefill instance: over Mooncake the "
@@ -289,9 +307,9 @@ class LynxConnectorConfig:
         return cls(role=ROLES[kv_role], **extra)
 
     def codec_for(self, name: str):
-        """Codec ``name`` as this instance uses it: with the per-layer plan where it has one."""
-        if self.layer_anchor_bits and "layer_anchor_bits" in parameter_names(name):
-            return get_codec(name, layer_anchor_bits=self.layer_anchor_bits)
+        """Codec ``name`` as this instance uses it: a Lynx codec with the model's plan."""
+        if self.lynx_plan and set(self.lynx_plan) <= parameter_names(name):
+            return get_codec(name, **self.lynx_plan)
         return get_codec(name)
 
     @property

@@ -70,12 +70,13 @@ class LynxCodec(Codec):
     def params(self) -> dict:
         from dataclasses import asdict
         params = asdict(self.config)
-        params["layer_anchor_bits"] = plan_text(self.config.layer_anchor_bits)  # a scalar
+        for name in ("layer_anchor_bits", "layer_v_chunk_size"):  # scalars on the wire
+            params[name] = plan_text(getattr(self.config, name))
         return params
 
     def for_layer(self, layer: int, num_layers: int) -> "LynxCodec":
-        """The codec of layer ``layer`` of ``num_layers``: its own split where
-        ``layer_anchor_bits`` lists it (itself where the config has no per-layer plan)."""
+        """The codec of layer ``layer`` of ``num_layers``: its own split and V chunk size where
+        the per-layer plan lists it (itself where the config has no plan)."""
         cfg = self.config.for_layer(layer, num_layers)
         if cfg is self.config:
             return self
@@ -85,8 +86,9 @@ class LynxCodec(Codec):
 
     def _require_one_layer(self) -> None:
         if self.config.per_layer:
-            raise ValueError("this lynx codec's anchor differs by layer (layer_anchor_bits): "
-                             "encode and decode a layer with codec.for_layer(layer, num_layers)")
+            raise ValueError("this lynx codec differs by layer (a per-layer plan: "
+                             "layer_anchor_bits, layer_v_chunk_size): encode and decode a "
+                             "layer with codec.for_layer(layer, num_layers)")
 
     # -- whole layer -------------------------------------------------------------------------
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> EncodedLynx:

@@ -6,8 +6,10 @@ split into an ``a``-bit anchor (sign + top bits) and an ``r = 8 - a``-bit signed
 the sign, so the chunk maximum (|x| = 1) is reconstructed exactly by the anchor alone and
 nothing is clamped (4+4: y_max = 112, anchor [-8, 7], residual [-8, 7]; the paper's literal
 127 would need an 18-value anchor). K and V have a split each (``anchor_bits``,
-``v_anchor_bits``), and ``layer_anchor_bits`` widens the anchor of the layers where it matters
-(docs/codec.md, "Where the anchor's KL sits"): ``for_layer`` gives a layer's own config.
+``v_anchor_bits``). A model's per-layer plan overrides the split (``layer_anchor_bits``: a wider K
+anchor where it matters, docs/codec.md "Where the anchor's KL sits") and V's chunk size
+(``layer_v_chunk_size``: V chunks of 32 where 64 would cost the full stage most, docs/codec.md
+"V's chunk size by layer") layer by layer: ``for_layer`` gives a layer's own config.
 """
 from __future__ import annotations
 
@@ -48,6 +50,9 @@ class LynxConfig:
     # layer order: a model's own (``lynx calibrate``). A per-layer plan: the kernels and the
     # page layout see one layer's config (``for_layer``), never this.
     layer_anchor_bits: tuple = ()
+    # (layer, V's chunk size) for the layers whose V chunks differ from v_chunk_size: the same
+    # kind of per-layer plan (``lynx calibrate --v-chunk-size``).
+    layer_v_chunk_size: tuple = ()
 
     def __post_init__(self):
         # Types as well as ranges: a config rebuilt from a frame's JSON parameters
@@ -65,7 +70,12 @@ class LynxConfig:
             object.__setattr__(self, name, check_number(name, getattr(self, name), 0, 1e6))
         check_int("anchor_bits", self.anchor_bits, 2, TOTAL_BITS - 1)  # the residual: the rest
         check_int("v_anchor_bits", self.v_anchor_bits, 2, TOTAL_BITS - 1)
-        object.__setattr__(self, "layer_anchor_bits", _layer_bits(self.layer_anchor_bits))
+        object.__setattr__(self, "layer_anchor_bits", _layer_plan(
+            "layer_anchor_bits", self.layer_anchor_bits, ("K's anchor bits", "V's"),
+            lambda what, bits: check_int(what, bits, 2, TOTAL_BITS - 1)))
+        object.__setattr__(self, "layer_v_chunk_size", _layer_plan(
+            "layer_v_chunk_size", self.layer_v_chunk_size, ("V's chunk size",),
+            self._check_v_chunk))
         for name in ("k_axis", "v_axis"):
             if not isinstance(getattr(self, name), str) or getattr(self, name) not in AXES:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {AXES}")
@@ -90,24 +100,38 @@ class LynxConfig:
         """Round-half-down bias (+7 for 4+4): the residual becomes a centred signed correction."""
         return (1 << (self.residual_bits(which) - 1)) - 1
 
+    def _check_v_chunk(self, what: str, size) -> None:
+        check_int(what, size, 1)
+        if self.v_axis == "channel" and self.page_size % size:
+            raise ValueError(f"page_size={self.page_size} must be a multiple of {what}={size} "
+                             f"(chunks of V along tokens)")
+
     @property
     def per_layer(self) -> bool:
-        return bool(self.layer_anchor_bits)
+        return bool(self.layer_anchor_bits or self.layer_v_chunk_size)
+
+    @property
+    def planned_layers(self) -> tuple:
+        """The layers the per-layer plan lists, in order."""
+        return tuple(sorted({t[0] for t in self.layer_anchor_bits + self.layer_v_chunk_size}))
 
     def for_layer(self, layer: int, num_layers: int) -> "LynxConfig":
-        """Layer ``layer``'s own config (of ``num_layers``): its split from
-        ``layer_anchor_bits`` (or the default one), and no per-layer plan. A listed layer the
-        model does not have is an error: the plan was made for another model."""
+        """Layer ``layer``'s own config (of ``num_layers``): its split and V chunk size from
+        the per-layer plan (or the config's own), and no plan. A listed layer the model does
+        not have is an error: the plan was made for another model."""
         check_int("layer", layer, 0, num_layers - 1)
         if not self.per_layer:
             return self
-        last = self.layer_anchor_bits[-1][0]
-        if last >= num_layers:
-            raise ValueError(f"layer_anchor_bits names layer {last}, but the model has "
-                             f"{num_layers} layers: a plan calibrated for another model")
+        for name in ("layer_anchor_bits", "layer_v_chunk_size"):
+            plan = getattr(self, name)
+            if plan and plan[-1][0] >= num_layers:
+                raise ValueError(f"{name} names layer {plan[-1][0]}, but the model has "
+                                 f"{num_layers} layers: a plan calibrated for another model")
         k, v = next(((kb, vb) for i, kb, vb in self.layer_anchor_bits if i == layer),
                     (self.anchor_bits, self.v_anchor_bits))
-        return self.replace(anchor_bits=k, v_anchor_bits=v, layer_anchor_bits=())
+        vc = next((c for i, c in self.layer_v_chunk_size if i == layer), self.v_chunk_size)
+        return self.replace(anchor_bits=k, v_anchor_bits=v, v_chunk_size=vc,
+                            layer_anchor_bits=(), layer_v_chunk_size=())
 
     def alpha(self, which: str) -> float:
         return float(self.alpha_k if which == "k" else self.alpha_v)
@@ -123,8 +147,9 @@ class LynxConfig:
     def kernel(self) -> "LynxConfig":
         """This config without its stream formats: what lynx_npu.ops kernels are given."""
         if self.per_layer:
-            raise ValueError("this config's anchor differs by layer (layer_anchor_bits): "
-                             "take a layer's config with for_layer(layer, num_layers)")
+            raise ValueError("this config differs by layer (a per-layer plan: "
+                             "layer_anchor_bits, layer_v_chunk_size): take a layer's config "
+                             "with for_layer(layer, num_layers)")
         return self.replace(scalar_preview=False, recent_tokens=0)
 
     def replace(self, **changes) -> "LynxConfig":
@@ -132,34 +157,62 @@ class LynxConfig:
 
 
 def plan_text(plan: tuple) -> str:
-    """``layer_anchor_bits`` as the compact JSON text codec parameters carry (frames and the
+    """A per-layer plan as the compact JSON text codec parameters carry (frames and the
     handshake take scalar parameters only): ``[[18,5,4],[23,5,4]]``, ``[]`` for none."""
     return json.dumps([list(t) for t in plan], separators=(",", ":"))
 
 
-def _layer_bits(value) -> tuple:
-    """``layer_anchor_bits`` as a tuple of (layer, K bits, V bits) int triples, strictly
-    increasing in layer, from a sequence or its JSON text (``plan_text``)."""
+def describe_plan(plan: dict) -> str:
+    """A model's Lynx plan (codec parameters) in words, for logs: "K + V anchor bits 5 + 4 in
+    layers 18, 23; V chunks of 64, 32 in layers 3-10"."""
+    cfg = make_config(**plan)
+    parts = []
+    splits: dict = {}
+    for layer, k, v in cfg.layer_anchor_bits:
+        splits.setdefault((k, v), []).append(layer)
+    parts += [f"K + V anchor bits {k} + {v} in {_layers(ls)}" for (k, v), ls in splits.items()]
+    chunks: dict = {}
+    for layer, c in cfg.layer_v_chunk_size:
+        chunks.setdefault(c, []).append(layer)
+    if "v_chunk_size" in plan or chunks:
+        parts.append(f"V chunks of {cfg.v_chunk_size}" + "".join(
+            f", {c} in {_layers(ls)}" for c, ls in chunks.items()))
+    parts += [f"{k}={plan[k]!r}" for k in plan
+              if k not in ("layer_anchor_bits", "layer_v_chunk_size", "v_chunk_size")]
+    return "; ".join(parts) or "none"
+
+
+def _layers(layers: list) -> str:
+    """[3, 4, 5, 9] -> "layers 3-5, 9"."""
+    runs, start = [], layers[0]
+    for a, b in zip(layers, layers[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(runs)
+
+
+def _layer_plan(name: str, value, fields: tuple, check) -> tuple:
+    """Plan ``name`` as a tuple of (layer, *fields) int tuples, strictly increasing in layer,
+    from a sequence or its JSON text (``plan_text``); ``check(what, value)`` checks a field."""
+    shape = f"[[layer, {', '.join(fields)}], ...]"
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError:
-            raise ValueError(f"layer_anchor_bits={value[:64]!r} is not JSON text of "
-                             f"[[layer, K's anchor bits, V's], ...]") from None
+            raise ValueError(f"{name}={value[:64]!r} is not JSON text of {shape}") from None
     if not isinstance(value, (tuple, list)):
-        raise ValueError(f"layer_anchor_bits={value!r} must be a sequence of (layer, K's anchor "
-                         f"bits, V's) triples")
+        raise ValueError(f"{name}={value!r} must be a sequence {shape}")
     out = []
     for item in value:
-        if not isinstance(item, (tuple, list)) or len(item) != 3:
-            raise ValueError(f"layer_anchor_bits entry {item!r} must be a (layer, K's anchor "
-                             f"bits, V's) triple")
-        check_int("layer_anchor_bits layer", item[0], 0)
-        for name, bits in zip(("K", "V"), item[1:]):
-            check_int(f"layer_anchor_bits {name} bits of layer {item[0]}", bits, 2, TOTAL_BITS - 1)
+        if not isinstance(item, (tuple, list)) or len(item) != 1 + len(fields):
+            raise ValueError(f"{name} entry {item!r} must be [layer, {', '.join(fields)}]")
+        check_int(f"{name} layer", item[0], 0)
+        for field, x in zip(fields, item[1:]):
+            check(f"{name} {field} of layer {item[0]}", x)
         if out and item[0] <= out[-1][0]:
-            raise ValueError(f"layer_anchor_bits must list each layer once, in increasing "
-                             f"order: layer {item[0]} after {out[-1][0]}")
+            raise ValueError(f"{name} must list each layer once, in increasing order: layer "
+                             f"{item[0]} after {out[-1][0]}")
         out.append(tuple(item))
     return tuple(out)
 

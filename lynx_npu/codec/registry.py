@@ -19,6 +19,8 @@ header has its own version (lynx_npu.wire.VERSION).
     format 5  lynx's ``v_anchor_bits`` (V's split; ``anchor_bits`` is K's) and
               ``layer_anchor_bits`` (a split per layer, the JSON text of [[layer, K, V], ...]:
               parameters on the wire are scalars).
+    format 6  lynx's ``layer_v_chunk_size`` (V's chunk size per layer, JSON text of
+              [[layer, V chunk], ...]).
 
 Bump PAYLOAD_FORMAT whenever any codec's bytes, parameters or defaults change meaning, and
 regenerate the golden payloads (tests/wire/make_golden.py).
@@ -34,7 +36,7 @@ CODEC_IDS: dict[str, int] = {
     "bf16": 1, "int8": 2, "int4": 3, "kivi4": 4, "quantspec": 5, "cachegen": 6,
     "lynx-int4": 7, "lynx-int8": 8, "lynx": 9,
 }
-PAYLOAD_FORMAT = 5
+PAYLOAD_FORMAT = 6
 FORMAT_KEY = "payload_format"
 
 _FACTORIES: dict[str, Callable[..., Codec]] = {}

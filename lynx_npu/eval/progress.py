@@ -30,6 +30,17 @@ class _Silent:
 
 
 @contextlib.contextmanager
+def muted():
+    """No progress bars inside (a step of a command that logs its own progress)."""
+    global _ENABLED
+    before, _ENABLED = _ENABLED, False
+    try:
+        yield
+    finally:
+        _ENABLED = before
+
+
+@contextlib.contextmanager
 def progress(total: int, desc: str):
     """``with progress(n, "lynx: layer") as bar: ... bar.update()``"""
     if not _ENABLED:

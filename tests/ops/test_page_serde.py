@@ -152,6 +152,19 @@ def test_every_layer_of_a_request_with_a_split_per_layer(name, plan):
     assert check_request(name, "vllm_cpu", "cpu", num_layers=4, layer_anchor_bits=plan) == "cpu"
 
 
+# V chunks per layer (layer_v_chunk_size), alone and beside a split per layer: at d=32 a V
+# chunk of 32 is one chunk per token-head, as 64 is at SmolLM2's head_dim 64.
+V_CHUNK_PLANS = {"V chunks": dict(v_chunk_size=32, layer_v_chunk_size=((1, 16), (2, 16))),
+                 "V chunks and splits": dict(v_chunk_size=32, layer_v_chunk_size=((0, 16),),
+                                             layer_anchor_bits=((0, 5, 4), (3, 5, 4)))}
+
+
+@pytest.mark.parametrize("name", ["lynx", "lynx-int8"])
+@pytest.mark.parametrize("plan", list(V_CHUNK_PLANS.values()), ids=list(V_CHUNK_PLANS))
+def test_every_layer_of_a_request_with_v_chunks_per_layer(name, plan):
+    assert check_request(name, "vllm_cpu", "cpu", num_layers=4, **plan) == "cpu"
+
+
 def test_a_split_per_layer_needs_the_layer():
     serde = serde_for(small_codec("lynx", layer_anchor_bits=((1, 5, 5),)))
     k, v = random_kv(2, 40, 32, torch.bfloat16)

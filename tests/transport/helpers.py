@@ -24,8 +24,9 @@ def small_codec(name: str = "lynx"):
     """Real codecs with small pages so a few hundred tokens make several frames per layer."""
     if name in ("lynx", "lynx-int4", "lynx-int8"):
         return lynx_npu.get_codec(name, page_size=64)
-    if name == "lynx-plan":  # a split per layer: layer 1's K anchor of 5 bits
-        return lynx_npu.get_codec("lynx", page_size=64, layer_anchor_bits=((1, 5, 4),))
+    if name == "lynx-plan":  # a per-layer plan: layer 1's K anchor of 5 bits, layer 0's V
+        return lynx_npu.get_codec("lynx", page_size=64, layer_anchor_bits=((1, 5, 4),),
+                                  layer_v_chunk_size=((0, 8),))  # chunks of 8
     codec = lynx_npu.get_codec(name)
     codec.page_size = 64
     return codec

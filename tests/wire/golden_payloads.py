@@ -1,5 +1,5 @@
 """Golden payloads: real ``get_codec(...).encode_pages`` output on a small fixed KV, frozen as
-payload format 5 (lynx_npu.codec.registry.PAYLOAD_FORMAT) in frame format 3.
+payload format 6 (lynx_npu.codec.registry.PAYLOAD_FORMAT) in frame format 3.
 
 For every case, tests/wire/make_golden.py writes to golden/payload/:
 
@@ -49,6 +49,8 @@ CASES: dict[str, Case] = {
                                                  "recent_tokens": 16}, (1, 1033, 8)),
     # a K anchor of 5 bits beside V's 4 (a calibrated layer's split, lynx_config.for_layer)
     "lynx_k5": Case("lynx", torch.bfloat16, {"anchor_bits": 5}),
+    # V chunks of a whole head_dim (a layer planned at v_chunk_size 64 on SmolLM2's head_dim 64)
+    "lynx_v8": Case("lynx", torch.bfloat16, {"v_chunk_size": 8}),
     "lynx_int4": Case("lynx-int4", torch.bfloat16),
     "lynx_int8": Case("lynx-int8", torch.float16),
     "int8": Case("int8", torch.float16),

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 def _main(args, modes: list[str]) -> int:
     from . import demo_report as report
     from .demo_data import load_prompts
+    from lynx_npu.codec.lynx_config import describe_plan
     from lynx_npu.eval.model import MODELS
 
     from .local_pair import LocalPair, PairConfig, configure_cpu_threads
@@ -76,12 +77,12 @@ def _main(args, modes: list[str]) -> int:
     say = _printer(t_start)
     configure_cpu_threads()
     model = str(ensure_model_dir(args.model_dir, log=say, model=args.model))
-    plan = MODELS[args.model].layer_anchor_bits
+    plan = MODELS[args.model].lynx_plan
     if plan:
-        say(f"[lynx] {display_name(args.model)}'s per-layer anchor plan (lynx calibrate): "
-            f"{', '.join(f'layer {i}: K {k} + V {v} bits' for i, k, v in plan)}")
+        say(f"[lynx] {display_name(args.model)}'s Lynx plan (lynx calibrate): "
+            f"{describe_plan(plan)}")
     pair = LocalPair(PairConfig(model, gbps=args.gbps, transport=args.transport,
-                                max_drafts=args.max_drafts, layer_anchor_bits=plan,
+                                max_drafts=args.max_drafts, lynx_plan=plan or None,
                                 max_model_len=max(4096, args.prompt_tokens + args.max_tokens
                                                   + 256)), log=say)
     try:
@@ -144,9 +145,10 @@ def _compress_backend(model: str, mode: str, pair) -> str:
     heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     dtype = getattr(torch, pair.config.wire_dtype or pair.config.dtype)
+    plan = pair.config.lynx_plan or {}
     codec = lynx_npu.get_codec(mode)
-    if pair.config.layer_anchor_bits and "layer_anchor_bits" in codec.params():
-        codec = lynx_npu.get_codec(mode, layer_anchor_bits=pair.config.layer_anchor_bits)
+    if plan and set(plan) <= set(codec.params()):
+        codec = lynx_npu.get_codec(mode, **plan)
     serde = serde_for(codec)
     layers = cfg["num_hidden_layers"]
     return " / ".join(dict.fromkeys(repr(serde.for_layer(i, layers).compress_backend(

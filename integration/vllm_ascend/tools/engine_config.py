@@ -11,16 +11,20 @@ SCHEDULER = "lynx_npu.integration.vllm_ascend.scheduler.LynxScheduler"
 PROPOSER = "lynx_npu.integration.vllm_ascend.proposer.NullProposer"
 
 
-def _plan(layer_anchor_bits):
-    """The per-layer plan as JSON lists (kv_connector_extra_config is JSON); None: no plan.
-    Both instances must be given the same one (the handshake refuses a difference)."""
-    return [list(t) for t in layer_anchor_bits] if layer_anchor_bits else None
+def _plan(lynx_plan):
+    """The model's Lynx plan as JSON values (kv_connector_extra_config is JSON: per-layer
+    plans as lists); None: no plan. Both instances must be given the same one (the handshake
+    refuses a difference)."""
+    if not lynx_plan:
+        return None
+    return {k: [list(t) for t in v] if isinstance(v, (tuple, list)) else v
+            for k, v in dict(lynx_plan).items()}
 
 
 def prefill_engine_args(model: str, *, peer: str | None = None, codec: str = "lynx",
                         gbps: float | None = None, wire_dtype: str | None = None,
                         secret: str | None = None, transport: str = "tcp",
-                        lmcache_dir: str | None = None, layer_anchor_bits=None,
+                        lmcache_dir: str | None = None, lynx_plan=None,
                         **engine) -> dict:
     """The prefill instance: stock vLLM plus the Lynx connector as KV producer. Prefix caching
     stays on (a prompt computed once is sent again for free). ``gbps``: the emulated link;
@@ -34,7 +38,7 @@ def prefill_engine_args(model: str, *, peer: str | None = None, codec: str = "ly
     if transport == "lmcache":
         extra["lmcache_dir"] = lmcache_dir
     for key, value in (("peer", peer), ("gbps", gbps), ("wire_dtype", wire_dtype),
-                       ("secret", secret), ("layer_anchor_bits", _plan(layer_anchor_bits))):
+                       ("secret", secret), ("lynx_plan", _plan(lynx_plan))):
         if value is not None:
             extra[key] = value
     return {"model": model,
@@ -47,7 +51,7 @@ def decode_engine_args(model: str, *, port: int, host: str = "127.0.0.1", max_dr
                        residual_timeout_s: float = 30.0, transfer_timeout_s: float = 600.0,
                        secret: str | None = None, transport: str = "tcp",
                        gbps: float | None = None, lmcache_dir: str | None = None,
-                       layer_anchor_bits=None, **engine) -> dict:
+                       lynx_plan=None, **engine) -> dict:
     """The decode instance: the Lynx connector as KV consumer, the Lynx scheduler, the null
     proposer (which turns on vLLM's verification machinery) and no prefix caching (blocks with
     anchor-precision KV must never be shared). ``gbps`` paces the reads over
@@ -63,8 +67,8 @@ def decode_engine_args(model: str, *, port: int, host: str = "127.0.0.1", max_dr
         extra["lmcache_dir"] = lmcache_dir
     if secret is not None:
         extra["secret"] = secret
-    if layer_anchor_bits:
-        extra["layer_anchor_bits"] = _plan(layer_anchor_bits)
+    if lynx_plan:
+        extra["lynx_plan"] = _plan(lynx_plan)
     return {"model": model,
             # A transfer that fails before its anchor: vLLM recomputes the prompt locally.
             "kv_transfer_config": {**CONNECTOR, "kv_role": "kv_consumer",

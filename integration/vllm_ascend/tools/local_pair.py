@@ -86,8 +86,8 @@ class PairConfig:
     lmcache_dir: str | None = None     # lmcache: the shared directory (None: a fresh one in
                                        # /dev/shm, removed on close)
     max_drafts: int = 64
-    # the model's per-layer Lynx plan (lynx calibrate), given to both instances
-    layer_anchor_bits: tuple = ()
+    # the model's Lynx plan (lynx calibrate: Lynx codec parameters), given to both instances
+    lynx_plan: dict | None = None
     residual_timeout_s: float = 30.0
     transfer_timeout_s: float = 600.0  # the decode side's deadline of a whole transfer
     # float32 on CPU: vLLM-CPU's bf16 kernels compute a position differently in a multi-token
@@ -172,7 +172,7 @@ class LocalPair:
                     config.model, port=self.port, max_drafts=config.max_drafts,
                     residual_timeout_s=config.residual_timeout_s,
                     transfer_timeout_s=config.transfer_timeout_s, transport=config.transport,
-                    gbps=config.gbps, layer_anchor_bits=config.layer_anchor_bits, **objects,
+                    gbps=config.gbps, lynx_plan=config.lynx_plan, **objects,
                     **{**common, "disable_log_stats": not config.decode_log_stats}))
                 break
             except Exception:
@@ -189,7 +189,7 @@ class LocalPair:
         self.prefill = LLM(**prefill_engine_args(config.model, peer=f"127.0.0.1:{self.port}",
                                                  gbps=config.gbps, transport=config.transport,
                                                  wire_dtype=config.wire_dtype,
-                                                 layer_anchor_bits=config.layer_anchor_bits,
+                                                 lynx_plan=config.lynx_plan,
                                                  **objects,
                                                  **common))
         log(f"[lynx] both instances up in {time.monotonic() - t0:.0f} s")

@@ -188,26 +188,43 @@ def test_both_sides_declare_the_registry_and_a_different_build_is_refused():
             Sender(SenderConfig(port=receiver.port, codecs=other))
 
 
-def test_a_per_layer_plan_reaches_every_lynx_codec_and_both_sides_must_agree():
-    """``layer_anchor_bits`` (what `lynx calibrate` writes) is checked as the codec checks it,
-    given to every Lynx codec, and a decode instance without the prefill's plan refuses it in
-    the handshake, naming the parameter."""
+def test_a_lynx_plan_reaches_every_lynx_codec_and_both_sides_must_agree():
+    """``lynx_plan`` (what `lynx calibrate` writes: Lynx codec parameters) is checked as the
+    codec checks them, given to every Lynx codec, and a decode instance without the prefill's
+    plan, or with another, refuses it in the handshake, naming the parameter."""
     from lynx_npu.transport import IncompatiblePeerError, Receiver, ReceiverConfig, Sender, \
         SenderConfig
 
     from lynx_npu.integration.vllm_ascend.config import declared_codecs
 
-    plan = [[18, 5, 4], [23, 5, 4]]
-    c = LynxConnectorConfig.from_vllm("kv_producer", {"layer_anchor_bits": plan})
-    assert c.layer_anchor_bits == ((18, 5, 4), (23, 5, 4))
-    assert c.codec_for("lynx").config.layer_anchor_bits == c.layer_anchor_bits
-    assert c.codec_for("lynx-int8").config.layer_anchor_bits == c.layer_anchor_bits
+    plan = {"layer_anchor_bits": [[18, 5, 4], [23, 5, 4]], "v_chunk_size": 64,
+            "layer_v_chunk_size": [[3, 32], [4, 32]]}
+    c = LynxConnectorConfig.from_vllm("kv_producer", {"lynx_plan": plan})
+    assert c.lynx_plan == {"layer_anchor_bits": ((18, 5, 4), (23, 5, 4)), "v_chunk_size": 64,
+                           "layer_v_chunk_size": ((3, 32), (4, 32))}
+    for name in ("lynx", "lynx-int8"):
+        cfg = c.codec_for(name).config
+        assert (cfg.layer_anchor_bits, cfg.v_chunk_size, cfg.layer_v_chunk_size) == \
+            tuple(c.lynx_plan.values())
     assert c.codec_for("int8").params() == {"page_size": 256}
-    for bad, match in ((plan[::-1], "increasing order"), ([[18, 9, 4]], "K bits of layer 18"),
-                       ([18, 5, 4], "must be a .layer, K's anchor bits, V's. triple")):
+    bad_anchor = plan["layer_anchor_bits"]
+    for bad, match in (({"layer_anchor_bits": bad_anchor[::-1]}, "increasing order"),
+                       ({"layer_anchor_bits": [[18, 9, 4]]}, "K's anchor bits of layer 18"),
+                       ({"layer_anchor_bits": [18, 5, 4]}, r"must be \[layer, K's anchor bits"),
+                       ({"layer_v_chunk_size": [[3, 0]]}, "V's chunk size of layer 3"),
+                       ({"preset": "paper"}, r"unknown Lynx parameter\(s\) \['preset'\]"),
+                       ({"v_chunk": 64}, r"unknown Lynx parameter\(s\) \['v_chunk'\]"),
+                       ([[18, 5, 4]], "must be a dict of Lynx codec parameters")):
         with pytest.raises(ValueError, match=match):
-            LynxConnectorConfig.from_vllm("kv_producer", {"layer_anchor_bits": bad})
-    consumer = LynxConnectorConfig.from_vllm("kv_consumer", {})
-    with Receiver(ReceiverConfig(codecs=declared_codecs(consumer), handshake_timeout_s=5)) as r:
-        with pytest.raises(IncompatiblePeerError, match="layer_anchor_bits"):
-            Sender(SenderConfig(port=r.port, codecs=declared_codecs(c)))
+            LynxConnectorConfig.from_vllm("kv_producer", {"lynx_plan": bad})
+    with pytest.raises(ValueError, match=r"unknown kv_connector_extra_config keys .*"
+                                         r"'layer_anchor_bits'"):
+        LynxConnectorConfig.from_vllm("kv_producer", {"layer_anchor_bits": bad_anchor})
+    for other, named in (({}, "layer_anchor_bits"),
+                         ({"lynx_plan": {**plan, "layer_v_chunk_size": [[3, 32]]}},
+                          "layer_v_chunk_size")):
+        consumer = LynxConnectorConfig.from_vllm("kv_consumer", other)
+        with Receiver(ReceiverConfig(codecs=declared_codecs(consumer),
+                                     handshake_timeout_s=5)) as r:
+            with pytest.raises(IncompatiblePeerError, match=named):
+                Sender(SenderConfig(port=r.port, codecs=declared_codecs(c)))

@@ -33,7 +33,7 @@ def pair():
     # deployed as `lynx demo --model gemma3` deploys it: with its per-layer plan
     p = LocalPair(PairConfig(str(model), gbps=0.02, residual_timeout_s=30.0, max_model_len=1024,
                              kv_cache_bytes=64 << 20, max_num_seqs=2,
-                             layer_anchor_bits=MODELS["gemma3"].layer_anchor_bits))
+                             lynx_plan=MODELS["gemma3"].lynx_plan))
     yield p
     p.close()
 

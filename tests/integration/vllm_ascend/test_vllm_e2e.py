@@ -26,9 +26,9 @@ def pair():
         model = ensure_model_dir()
     except ModelNotAvailableError as e:
         pytest.skip(str(e))
-    # as `lynx demo` deploys SmolLM2: with its per-layer plan (K of layers 18, 23 at 5 bits)
+    # as `lynx demo` deploys SmolLM2: with its Lynx plan (lynx_npu.eval.model)
     p = LocalPair(PairConfig(str(model), gbps=0.05, residual_timeout_s=8.0,
-                             layer_anchor_bits=MODELS["smollm2"].layer_anchor_bits))
+                             lynx_plan=MODELS["smollm2"].lynx_plan))
     yield p
     p.close()
 
