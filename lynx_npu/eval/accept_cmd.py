@@ -47,7 +47,9 @@ MMLU_PRO_HEAD = ("The following are multiple choice questions (with answers) abo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="model (default smollm2)")
+    parser.add_argument("--model", default="smollm2",
+                        help="a bundled model (smollm2, the default; gemma3) or a Hugging Face "
+                             "model directory (the one vllm serve is given)")
     parser.add_argument("--workloads", type=names(WORKLOADS, "workload"),
                         default=",".join(WORKLOADS), help="qmsum, mmlu_pro or both (default)")
     parser.add_argument("--prompts", type=int_in(1, 10_000), default=20,

@@ -45,7 +45,9 @@ EVAL_QMSUM, EVAL_MMLU_SMALL, EVAL_MMLU = 35, 40, 120   # the eval sets the promp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="model (default smollm2)")
+    parser.add_argument("--model", default="smollm2",
+                        help="a bundled model (smollm2, the default; gemma3) or a Hugging Face "
+                             "model directory (the one vllm serve is given)")
     parser.add_argument("--json", dest="json_path", type=output_file, required=True,
                         help="where the plan and the ranking go")
     parser.add_argument("--layers", type=int_in(1, 64), default=2,

@@ -17,7 +17,9 @@ KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": to
 
 
 def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="model to capture KV from (default smollm2)")
+    parser.add_argument("--model", default="smollm2",
+                        help="model to capture KV from: a bundled one (smollm2, the default; "
+                             "gemma3) or a Hugging Face model directory")
     parser.add_argument("--data", type=existing_path, default="../shared/data/paul_graham_essays",
                         help="folder of .txt essays, concatenated in sorted order")
     parser.add_argument("--tokens", type=int_in(1, MAX_TOKENS), default=4096,

