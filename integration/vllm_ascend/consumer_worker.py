@@ -17,6 +17,7 @@ written, and verification runs after that.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +31,16 @@ from .vllm_compat import get_logger
 
 log = get_logger(__name__)
 Page = tuple[int, WirePage]   # (layer, page)
+
+
+def _first_frame(handle) -> tuple[float, int]:
+    """(arrival time, wire bytes) of a transfer's first frame: its pages are the first entries
+    of ``arrivals``, appended together at one time (receive_state.admit)."""
+    if not handle.arrivals:
+        return handle.created_at, 0
+    first = handle.arrivals[0][0]
+    return first, sum(a[4] for a in itertools.takewhile(lambda a: a[0] == first,
+                                                        handle.arrivals))
 
 
 class PageInbox:
@@ -216,9 +227,10 @@ class ConsumerWorker:
             self._meta.refined[req_id] = RefineReport(h.residual_ready_at, now)
             self._drop(req_id)
             return
-        first = h.arrivals[0][0] if h.arrivals else h.created_at
+        first, first_bytes = _first_frame(h)
         self._meta.loaded[req_id] = LoadReport(what, first, h.anchor_ready_at, now,
-                                               decoded_by=t.decoded_by)
+                                               decoded_by=t.decoded_by,
+                                               first_frame_bytes=first_bytes)
         self._finished_recving.add(req_id)
         if what == "full":
             self._drop(req_id)

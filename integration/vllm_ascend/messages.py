@@ -52,6 +52,7 @@ class LoadReport:
     loaded_at: float        # the anchor (or full KV) is in the paged cache
     count: int = 1          # ranks reporting
     decoded_by: str = ""    # the page serde's backend that wrote it (ops backend name)
+    first_frame_bytes: int = 0  # wire bytes of that first frame (paced whole on a paced link)
 
 
 @dataclass
@@ -74,12 +75,13 @@ class LynxWorkerMeta(KVConnectorWorkerMetadata):
         out = LynxWorkerMeta(dict(self.loaded), dict(self.refined), dict(self.lost))
         for rid, rep in other.loaded.items():
             mine = out.loaded.get(rid)
+            first = min(mine, rep, key=lambda r: r.first_frame_at) if mine else rep
             out.loaded[rid] = rep if mine is None else LoadReport(
                 "anchor" if "anchor" in (mine.stage, rep.stage) else "full",
-                min(mine.first_frame_at, rep.first_frame_at),
+                first.first_frame_at,
                 max(mine.anchor_ready_at, rep.anchor_ready_at),
                 max(mine.loaded_at, rep.loaded_at), mine.count + rep.count,
-                mine.decoded_by or rep.decoded_by)
+                mine.decoded_by or rep.decoded_by, first.first_frame_bytes)
         for rid, rep in other.refined.items():
             mine = out.refined.get(rid)
             out.refined[rid] = rep if mine is None else RefineReport(

@@ -130,11 +130,20 @@ class TransferRun:
     stats: dict = field(default_factory=dict)  # the decode output's kv_transfer_params["lynx"]
     submitted_at: float = 0.0
     prefill_done_at: float | None = None
+    link_gbps: float | None = None          # the emulated link's rate (None: not paced)
 
     @property
     def start(self) -> float:
-        """Start of decoding: the first KV frame's arrival (else the submission)."""
-        return self.stats.get("first_frame_at", self.submitted_at)
+        """Start of decoding: when the prefill instance began sending the KV, i.e. the first
+        frame's arrival less its time on the paced link (a frame crosses it whole: counted from
+        its arrival, a codec whose first frame is larger would start its clock later); the
+        submission where no frame came."""
+        first = self.stats.get("first_frame_at")
+        if first is None:
+            return self.submitted_at
+        if self.link_gbps:
+            first -= self.stats.get("first_frame_bytes", 0) * 8 / (self.link_gbps * 1e9)
+        return first
 
     def time_to_token(self, k: int) -> float:
         """Seconds from the start of decoding to the k-th (1-based) token's generation; an
@@ -251,7 +260,8 @@ class LocalPair:
         for prompt, seed, decode_params, prefill_params in jobs:
             rid = f"{codec}-{next(self._ids)}"
             runs[f"d-{rid}"] = run = TransferRun(codec, [], [], [], None,
-                                                 submitted_at=time.monotonic())
+                                                 submitted_at=time.monotonic(),
+                                                 link_gbps=self.config.gbps)
             runs[f"p-{rid}"] = run
             dec.add_request(f"d-{rid}", {"prompt_token_ids": list(prompt)},
                             params(max_tokens, decode_params, temperature, seed))

@@ -42,9 +42,13 @@ def test_refined_before_any_draft_needs_no_verification():
 def test_worker_meta_aggregates_ranks():
     a = LynxWorkerMeta(loaded={"x": LoadReport("full", 1.0, 2.0, 3.0)},
                        refined={"y": RefineReport(4.0, 5.0)}, lost={"z": "gone"})
-    b = LynxWorkerMeta(loaded={"x": LoadReport("anchor", 0.5, 2.5, 2.9)},
+    b = LynxWorkerMeta(loaded={"x": LoadReport("anchor", 0.5, 2.5, 2.9,
+                                               first_frame_bytes=700)},
                        refined={"y": RefineReport(4.5, 4.9)})
     m = a.aggregate(b)
-    assert m.loaded["x"] == LoadReport("anchor", 0.5, 2.5, 3.0, count=2)
+    # the earliest rank's first frame, with its bytes
+    assert m.loaded["x"] == LoadReport("anchor", 0.5, 2.5, 3.0, count=2, first_frame_bytes=700)
+    assert a.aggregate(LynxWorkerMeta(loaded={"x": LoadReport(
+        "full", 1.5, 2.0, 3.0, first_frame_bytes=9)})).loaded["x"].first_frame_bytes == 0
     assert m.refined["y"] == RefineReport(4.5, 5.0, count=2)
     assert m.lost == {"z": "gone"} and not m.empty() and LynxWorkerMeta().empty()

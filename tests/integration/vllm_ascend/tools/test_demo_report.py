@@ -18,6 +18,20 @@ def test_accepted_drafts_count_from_when_they_were_drafted():
     assert r.client_time_to_token(1) == 1.0
 
 
+def test_decoding_starts_when_the_first_frame_was_sent():
+    """On a paced link the first frame crosses whole: the clock starts that frame's link time
+    before its arrival, so a codec with a larger first frame does not start later."""
+    small = _run("int4", [1], 10.0, [10.5], first_frame_bytes=125_000)
+    large = _run("int8", [1], 10.015, [10.5], first_frame_bytes=500_000)
+    small.link_gbps = large.link_gbps = 0.2
+    assert abs(small.start - 9.995) < 1e-9 and abs(large.start - 9.995) < 1e-9
+    # sent together, first tokens together: one TTFT (from the arrivals: 0.500 and 0.485 s)
+    assert abs(small.time_to_token(1) - 0.505) < 1e-9 and abs(large.time_to_token(1) - 0.505) < 1e-9
+    unpaced = _run("int4", [1], 10.0, [10.5], first_frame_bytes=125_000)
+    assert unpaced.start == 10.0  # no emulated link: the arrival itself
+    assert TransferRun("int4", [], [], [], None, submitted_at=3.0).start == 3.0
+
+
 def test_summary_json_and_reference():
     toks = list(range(64))
     other = toks[:10] + [99] * 54
