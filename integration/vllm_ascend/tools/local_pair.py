@@ -161,6 +161,7 @@ class LocalPair:
         from vllm import LLM  # imported here: vLLM is optional for the rest of lynx_npu
 
         self.config, self.log = config, log
+        self.link_gbps = config.gbps  # the emulated link's rate now (ttkt_sweep changes it)
         self.port = free_port(count=config.tensor_parallel_size)
         self._tmp_dir = None
         lmcache_dir = config.lmcache_dir
@@ -261,7 +262,7 @@ class LocalPair:
             rid = f"{codec}-{next(self._ids)}"
             runs[f"d-{rid}"] = run = TransferRun(codec, [], [], [], None,
                                                  submitted_at=time.monotonic(),
-                                                 link_gbps=self.config.gbps)
+                                                 link_gbps=self.link_gbps)
             runs[f"p-{rid}"] = run
             dec.add_request(f"d-{rid}", {"prompt_token_ids": list(prompt)},
                             params(max_tokens, decode_params, temperature, seed))

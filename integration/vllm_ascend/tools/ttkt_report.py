@@ -36,7 +36,7 @@ def record(run, *, length: int, gbps: float, prompt: int, prompt_tokens: int,
            "tt64_s": run.time_to_token(k64), "client_ttft_s": run.client_time_to_token(1),
            "client_tt32_s": run.client_time_to_token(k32),
            "client_tt64_s": run.client_time_to_token(k64),
-           "wait_s": run.start - run.submitted_at,  # submission to first frame (not in TTKT)
+           "wait_s": run.start - run.submitted_at,  # submission to the KV's send (not in TTKT)
            # mean decode step after the first token (drafts and verification included)
            "step_s": ((run.time_to_token(k64) - run.time_to_token(1)) / (k64 - 1)
                       if k64 > 1 else None),

@@ -136,7 +136,7 @@ def sweep(pair, prompts: dict[int, list], rates: list[float], modes: list[str], 
             for gbps in rates:
                 if gbps != current:
                     pair.prefill.collective_rpc(set_prefill_link_rate, args=(gbps,))
-                    current = gbps
+                    current = pair.link_gbps = gbps
                 for mode in (modes if i % 2 == 0 else modes[::-1]):
                     r = pair.run(ids, mode, max_tokens=max_tokens, max_drafts=max_drafts)
                     if "first_frame_at" not in r.stats:
