@@ -48,11 +48,10 @@ class SenderConfig:
     frame_bytes: int = 4 << 20           # a data frame carries consecutive pages of one layer
                                          # and stream up to this many bytes (always at least
                                          # one page): the receiver's work is per frame
-    frame_s: float = 0.02                # paced (gbps set): a frame also carries at most this
+    frame_s: float = 0.005               # paced (gbps set): a frame also carries at most this
                                          # much link time, since a new request's anchor can
-                                         # overtake residual bytes only between frames; 20 ms,
-                                         # not 5: each frame's reading costs a decode step
-                                         # beside it (docs/demo.md, 2026-11-28)
+                                         # overtake residual bytes only between frames (20 ms
+                                         # frames: no TTFT gain in lynx demo, docs/demo.md)
     thread_nice: int = 10                # the writers' nice value at least this (Linux;
                                          # transport/priority.py): a host's model threads first
     deadline_s: float = 60.0             # a request not fully acknowledged by then fails
