@@ -206,6 +206,12 @@ class LynxConnectorConfig:
     # Dequantize residual pages only once the whole residual is in, so drafting on the anchor
     # does not share the host's CPU (and the GIL) with residual decoding (docs/demo.md).
     defer_residual: bool = True
+    # A split-stream request (lynx) is scheduled once its anchor is expected within this long,
+    # at the rate its pages have come; its first forward then waits for each layer's anchor
+    # before reading it (at most 4x this long): that token is a draft, verified like all, so
+    # this overlaps the first decode step with the anchor's last layers. 0: only once the
+    # whole anchor is in (docs/demo.md, 2026-11-28).
+    early_start_s: float = 0.05
     # both
     secret: str | None = None          # shared secret authenticating the peers (check_secret)
     # "tcp": the embedded split-stream transport; "mooncake": the Mooncake transfer engine
@@ -246,6 +252,7 @@ class LynxConnectorConfig:
         check_number("num_connections", self.num_connections, 1, 16, integer=True)
         if not isinstance(self.defer_residual, bool):
             raise ValueError(f"{self.defer_residual=} must be a bool")
+        check_number("early_start_s", self.early_start_s, 0, 10)
         if self.secret is not None:
             check_secret(self.secret)
         if self.transport not in TRANSPORTS:

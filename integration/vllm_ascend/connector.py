@@ -21,7 +21,7 @@ from .kv_cache_io import paged_kv_from_vllm
 from .messages import LynxConnectorMeta
 from .stats import LynxPromMetrics, LynxStats
 from .vllm_compat import (KVConnectorBase, KVConnectorRole, KVConnectorTransferResults,
-                          get_logger, tensor_parallel, worker_connector_stats)
+                          get_logger, layer_index, tensor_parallel, worker_connector_stats)
 
 log = get_logger(__name__)
 
@@ -40,6 +40,7 @@ class LynxConnector(KVConnectorBase):
         self.scheduler_half: ConnectorScheduler | None = None
         self.worker = None
         self._load_blocks: dict[str, tuple[int, ...]] = {}  # worker side: blocks of each load
+        self._layer_pos: dict[str, int] = {}
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler_half = ConnectorScheduler(self.config, self.world_size)
         else:
@@ -56,6 +57,9 @@ class LynxConnector(KVConnectorBase):
     # -- worker side -------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict) -> None:
         kv = paged_kv_from_vllm(kv_caches)
+        # the transfers' layer i is the i-th attention layer in model order
+        self._layer_pos = {name: i for i, name in enumerate(sorted(kv_caches,
+                                                                  key=layer_index))}
         log.info("Lynx: KV cache layout %s, %d layers, block size %d, %d kv heads x %d",
                  kv.layout.name, kv.num_layers, kv.block_size, kv.num_kv_heads, kv.head_size)
         self.worker.register(kv)
@@ -70,13 +74,18 @@ class LynxConnector(KVConnectorBase):
             self._load_blocks.update((j.req_id, j.block_ids) for j in connector_metadata.loads)
             for req_id in connector_metadata.releases:
                 self._load_blocks.pop(req_id, None)
-            self.worker.bind(connector_metadata.loads, connector_metadata.releases)
+            self.worker.bind(connector_metadata.loads, connector_metadata.releases,
+                             connector_metadata.scheduled_early)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         return None  # loads start at bind and run beside the forward (consumer_worker.py)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return None  # async loads only: the request is not scheduled until its KV is in
+        # Loads are asynchronous; only a request started before its whole anchor was in
+        # (early_start_s) makes the forward wait here, layer by layer.
+        layer = self._layer_pos.get(layer_name)
+        if self.config.role == "consumer" and layer is not None:
+            self.worker.wait_for_layer(layer)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs: Any) -> None:
         return None  # the whole prompt is read once its last layer is written (wait_for_save)

@@ -65,6 +65,9 @@ class ConnectorScheduler:
             meta.saves = self._completed_prompts(scheduler_output)
         meta.loads, self._loads = self._loads, []
         meta.releases, self._releases = self._releases, []
+        meta.scheduled_early = [rid for rid in scheduler_output.num_scheduled_tokens
+                                if (lr := self.decode.get(rid)) is not None
+                                and lr.loaded is not None and lr.loaded.early]
         return meta
 
     def request_finished(self, request) -> tuple[bool, dict | None]:

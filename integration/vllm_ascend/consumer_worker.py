@@ -31,6 +31,9 @@ from .vllm_compat import get_logger
 
 log = get_logger(__name__)
 Page = tuple[int, WirePage]   # (layer, page)
+# A request started early waits for its anchor's layers at most this many early_start_s after
+# it was reported: a stalled link costs the engine one bounded wait, not a hung step.
+_EARLY_WAIT_FACTOR = 4
 
 
 def _first_frame(handle) -> tuple[float, int]:
@@ -57,6 +60,11 @@ class PageInbox:
             if transfer_id not in self._closed:
                 self._pages.setdefault(transfer_id, {})[(layer, page.token_start)] = page
 
+    def take_layer(self, transfer_id: int, layer: int) -> list[Page]:
+        with self._lock:
+            pages = self._pages.get(transfer_id, {})
+            return [(layer, pages.pop(key)) for key in [k for k in pages if k[0] == layer]]
+
     def take(self, transfer_id: int) -> list[Page]:
         with self._lock:
             pages = self._pages.pop(transfer_id, {})
@@ -82,6 +90,10 @@ class _Transfer:
     stage: str = "waiting"             # waiting -> anchor (drafting) -> dropped
     anchor_ready_at: float | None = None
     decoded_by: str = ""               # the backend that decoded its pages into the cache
+    # Started early (``early_start_s``): until then, a forward that runs it waits for each
+    # layer's anchor before reading the layer (wait_for_layer).
+    early_until: float | None = None
+    anchor_in_at_poll: bool = False    # the whole anchor had arrived when this step began
 
 
 class ConsumerWorker:
@@ -97,6 +109,7 @@ class ConsumerWorker:
         self._meta = LynxWorkerMeta()
         self._finished_recving: set[str] = set()
         self._failed_recving: set[str] = set()
+        self._early_now: list[str] = []   # this step's requests started before their anchor
 
     @property
     def port(self) -> int:
@@ -120,7 +133,10 @@ class ConsumerWorker:
         self.kv = kv
 
     # -- per step ------------------------------------------------------------------------------
-    def bind(self, loads: list[LoadJob], releases: list[str]) -> None:
+    def bind(self, loads: list[LoadJob], releases: list[str],
+             scheduled_early: list[str] = ()) -> None:
+        """One engine step: ``scheduled_early`` are the requests in this step's forward that
+        were reported loaded before their whole anchor was in."""
         for req_id in releases:
             self._drop(req_id, report_recving=True)
         for job in loads:
@@ -128,6 +144,32 @@ class ConsumerWorker:
                       job.num_tokens)
             self._transfers[job.req_id] = _Transfer(job, self.receiver.request(job.transfer_id))
         self._poll()
+        self._early_now = [rid for rid in scheduled_early
+                           if rid in self._transfers and self._transfers[rid].early_until]
+
+    def wait_for_layer(self, layer: int) -> None:
+        """Before this step's forward reads ``layer``: the anchor pages of that layer of every
+        request started early are in the cache, or its ``early_until`` has passed (the forward
+        then goes on: what it drafts is verified like every draft, so a missing layer can cost
+        drafts, never output)."""
+        for req_id in self._early_now:
+            t = self._transfers.get(req_id)
+            if t is None or t.early_until is None:
+                continue
+            left = t.early_until - time.monotonic()
+            if left > 0:
+                t.handle.wait_layer_anchor(layer, left)
+            for rid, what, fut in self._jobs:  # this step's earlier pages of the request
+                if rid == req_id and what != "refine":
+                    fut.exception()  # applied at finish_step
+            pages = self.inbox.take_layer(t.job.transfer_id, layer)
+            if not pages:
+                continue
+            error = self._pool.submit(self._write, t.job, t.handle.serde, t.handle.dtype,
+                                      pages).exception()
+            if error is not None:
+                self._lose(req_id, f"writing transfer {t.job.transfer_id} into the cache "
+                                   f"failed: {error}")
 
     def finish_step(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         """Join this step's copy jobs and apply their results; returns (finished_recving,
@@ -138,6 +180,10 @@ class ConsumerWorker:
             self._finish_copy(req_id, what, error, "" if error else fut.result())
         for req_id in finished_req_ids:
             self._drop(req_id, report_recving=True)
+        now = time.monotonic()
+        for t in self._transfers.values():
+            if t.early_until is not None and (t.anchor_in_at_poll or now > t.early_until):
+                t.early_until = None  # every anchor page is in the cache, or waits are over
         done, failed = self._finished_recving, self._failed_recving
         self._finished_recving, self._failed_recving = set(), set()
         return done, failed
@@ -158,8 +204,10 @@ class ConsumerWorker:
                 if not ready and h.error is not None:
                     self._fail_load(req_id, f"transfer failed before its anchor: {h.error}")
                     continue
-                what = ("full" if full else "anchor") if ready else "progress"
+                what = ("full" if full else "anchor") if ready else (
+                    "early" if self._may_start_early(t, now) else "progress")
             else:
+                t.anchor_in_at_poll = h.anchor_ready.is_set()
                 full = h.residual_ready.is_set()
                 if not full and h.residual_ready.error is not None:
                     self._lose(req_id, f"residual transfer failed: {h.residual_ready.error}")
@@ -183,6 +231,15 @@ class ConsumerWorker:
             if pages or what != "progress":
                 self._jobs.append((req_id, what, self._pool.submit(self._write, t.job, h.serde,
                                                                    h.dtype, pages)))
+
+    def _may_start_early(self, t: _Transfer, now: float) -> bool:
+        """A split-stream transfer whose anchor is expected within ``early_start_s``: its
+        request may be scheduled now, its first forward waiting layer by layer for the rest."""
+        h = t.handle
+        if self.config.early_start_s <= 0 or t.job.wait_full or not h.two_stream:
+            return False
+        eta = h.anchor_eta(now)
+        return eta is not None and eta <= self.config.early_start_s
 
     def _write(self, job: LoadJob, serde, wire_dtype, pages: list[Page]) -> str:
         """Runs on the copy thread; touches only this request's blocks: every layer's waiting
@@ -228,14 +285,20 @@ class ConsumerWorker:
             self._drop(req_id)
             return
         first, first_bytes = _first_frame(h)
-        self._meta.loaded[req_id] = LoadReport(what, first, h.anchor_ready_at, now,
-                                               decoded_by=t.decoded_by,
-                                               first_frame_bytes=first_bytes)
+        # Started early, the anchor may be complete by now, yet pages that came after this
+        # step began wait in the inbox: the first forward still takes them layer by layer.
+        early = what == "early"
+        anchor_at = h.anchor_ready_at or now
+        self._meta.loaded[req_id] = LoadReport("full" if what == "full" else "anchor", first,
+                                               anchor_at, now, decoded_by=t.decoded_by,
+                                               first_frame_bytes=first_bytes, early=early)
         self._finished_recving.add(req_id)
         if what == "full":
             self._drop(req_id)
         else:
-            t.stage, t.anchor_ready_at = "anchor", h.anchor_ready_at
+            t.stage, t.anchor_ready_at = "anchor", anchor_at
+            if early:
+                t.early_until = now + _EARLY_WAIT_FACTOR * self.config.early_start_s
 
     def _fail_load(self, req_id: str, why: str) -> None:
         """Before the anchor: vLLM recomputes the prompt (kv_load_failure_policy=recompute)."""

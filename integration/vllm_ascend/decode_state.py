@@ -77,6 +77,7 @@ class LynxDecodeRequest:
         if self.loaded is not None:
             out.update(stage=self.loaded.stage, first_frame_at=self.loaded.first_frame_at,
                        first_frame_bytes=self.loaded.first_frame_bytes,
+                       early_start=self.loaded.early,
                        anchor_ready_at=self.loaded.anchor_ready_at,
                        loaded_at=self.loaded.loaded_at, decoded_by=self.loaded.decoded_by)
         if self.refine is not None:

@@ -42,6 +42,9 @@ class LynxConnectorMeta(KVConnectorMetadata):
     # Requests the scheduler let go of (finished, preempted, recomputing): the worker drops
     # their transfers and never writes their blocks again (the blocks may be reused now).
     releases: list[str] = field(default_factory=list)
+    # This step's requests that were reported loaded before their whole anchor was in: the
+    # workers make each layer's anchor wait for the forward (wait_for_layer_load).
+    scheduled_early: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -53,6 +56,7 @@ class LoadReport:
     count: int = 1          # ranks reporting
     decoded_by: str = ""    # the page serde's backend that wrote it (ops backend name)
     first_frame_bytes: int = 0  # wire bytes of that first frame (paced whole on a paced link)
+    early: bool = False     # reported before the whole anchor was in (early_start_s)
 
 
 @dataclass
@@ -81,7 +85,8 @@ class LynxWorkerMeta(KVConnectorWorkerMetadata):
                 first.first_frame_at,
                 max(mine.anchor_ready_at, rep.anchor_ready_at),
                 max(mine.loaded_at, rep.loaded_at), mine.count + rep.count,
-                mine.decoded_by or rep.decoded_by, first.first_frame_bytes)
+                mine.decoded_by or rep.decoded_by, first.first_frame_bytes,
+                mine.early or rep.early)
         for rid, rep in other.refined.items():
             mine = out.refined.get(rid)
             out.refined[rid] = rep if mine is None else RefineReport(

@@ -103,6 +103,43 @@ class ReceiveHandle:
         """Wait for full precision (raises if the request failed)."""
         return self.residual_ready.wait(timeout)
 
+    @property
+    def two_stream(self) -> bool:
+        """Whether the request's codec splits into an anchor and a residual (known from its
+        first frame)."""
+        return self._two_stream
+
+    def anchor_eta(self, now: float | None = None) -> float | None:
+        """Seconds until the whole anchor is expected in, at the rate its pages have come so
+        far (layer-tokens per second since the first frame); None before two frames' worth."""
+        with self._lock:
+            if self._meta is None or not self.arrivals:
+                return None
+            covered, total = sum(self._anchor_tokens), self.num_layers * self.num_tokens
+            first = self.arrivals[0][0]
+        if covered >= total:
+            return 0.0
+        elapsed = (time.monotonic() if now is None else now) - first
+        if covered == 0 or elapsed <= 0:
+            return None
+        return (total - covered) * elapsed / covered
+
+    def layer_anchor_in(self, layer: int) -> bool:
+        """Whether every anchor page of ``layer`` was handed on (or the request settled)."""
+        with self._lock:
+            return self._layer_anchor_in(layer)
+
+    def wait_layer_anchor(self, layer: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until :meth:`layer_anchor_in`; returns whether it is."""
+        with self._written:
+            return self._written.wait_for(lambda: self._layer_anchor_in(layer), timeout)
+
+    def _layer_anchor_in(self, layer: int) -> bool:
+        if self.anchor_ready.settled():
+            return True
+        return (self._meta is not None and 0 <= layer < self.num_layers
+                and self._anchor_tokens[layer] >= self.num_tokens)
+
     def progress(self) -> str:
         if self._meta is None:
             return "no frame received"
@@ -120,6 +157,7 @@ class ReceiveHandle:
         self.residual_ready.fail(error)
         me = threading.get_ident()  # a consumer callback may fail its own request
         with self._written:
+            self._written.notify_all()  # wake wait_layer_anchor: the request has settled
             self._written.wait_for(lambda: all(t == me for t in self._writing.values()))
 
     def has(self, kind: int, layer: int, page: int) -> bool:

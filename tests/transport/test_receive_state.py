@@ -64,3 +64,52 @@ def test_release_waits_for_the_write_in_progress_and_stops_later_ones():
         seen = len(calls)
         time.sleep(0.3)  # frames still queued for the decode thread must not be written
         assert len(calls) == seen
+
+
+def _consumer_blocking_at(n: int):
+    """An on_page that blocks on its ``n``-th call (1-based) until ``go`` is set."""
+    go, entered, calls = threading.Event(), threading.Event(), []
+
+    def on_page(*args):
+        calls.append(args[:4])
+        if len(calls) == n:
+            entered.set()
+            go.wait(HOLD)
+    return on_page, go, entered
+
+
+def test_a_layer_waits_for_its_anchor_and_the_eta_follows_the_pages():
+    """What a decode worker that starts a request early relies on (consumer_worker.py): a
+    layer's anchor is "in" once every anchor page of it was handed on; the anchor's ETA is
+    None before any page is, finite while some are, 0 once all are."""
+    on_page, go, entered = _consumer_blocking_at(2)
+    codec, layers = small_codec("lynx"), make_layers(3, 300)
+    with pair(on_page=on_page) as (receiver, sender, _):
+        handle = receiver.request(1)
+        assert handle.anchor_eta() is None and not handle.layer_anchor_in(0)
+        sender.send(1, codec, layers)
+        assert entered.wait(WAIT)  # one page handed on, the second held by the consumer
+        eta = handle.anchor_eta()
+        assert handle.two_stream and eta is not None and 0 < eta < float("inf")
+        assert not handle.layer_anchor_in(2) and not handle.wait_layer_anchor(2, 0.05)
+        go.set()
+        assert handle.wait_layer_anchor(2, WAIT) and handle.layer_anchor_in(0)
+        assert handle.anchor_ready.wait(WAIT) and handle.anchor_eta() == 0.0
+
+
+def test_a_failed_request_wakes_whoever_waits_for_a_layer():
+    on_page, go, entered = _consumer_blocking_at(1)
+    with pair(on_page=on_page) as (receiver, sender, _):
+        handle = receiver.request(1)
+        sender.send(1, small_codec("lynx"), make_layers(3, 300))
+        assert entered.wait(WAIT)
+        woke = []
+        waiter = threading.Thread(target=lambda: woke.append(handle.wait_layer_anchor(2, HOLD)))
+        waiter.start()
+        failer = threading.Thread(target=handle.fail, args=(RuntimeError("peer gone"),))
+        failer.start()  # returns only after the held write; the waiter must not wait for it
+        waiter.join(WAIT)
+        alive = waiter.is_alive()
+        go.set()
+        failer.join(WAIT)
+        assert not alive and woke == [True]

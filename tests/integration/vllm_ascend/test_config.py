@@ -12,7 +12,8 @@ GOOD_SECRET = "8854f32bc1c197af688b08a6d1008b82"  # secrets.token_hex(16)
 
 def test_roles_and_defaults():
     c = LynxConnectorConfig.from_vllm("kv_consumer", {"port": 17100})
-    assert (c.role, c.port, c.max_drafts) == ("consumer", 17100, 64)
+    assert (c.role, c.port, c.max_drafts, c.early_start_s) == ("consumer", 17100, 64, 0.05)
+    assert LynxConnectorConfig.from_vllm("kv_consumer", {"early_start_s": 0}).early_start_s == 0
     p = LynxConnectorConfig.from_vllm("kv_producer", {"peer": "10.0.0.2:17100", "gbps": 10})
     assert (p.role, p.peer, p.gbps, p.codec) == ("producer", "10.0.0.2:17100", 10, "lynx")
 
@@ -28,6 +29,8 @@ def test_roles_and_defaults():
     ("kv_producer", {"wire_dtype": "int8"}, "wire_dtype"),
     ("kv_producer", {"secret": "short"}, "secret"),
     ("kv_consumer", {"residual_timeout_s": 0}, "residual_timeout_s"),
+    ("kv_consumer", {"early_start_s": -0.01}, r"early_start_s=-0.01 must be a finite number"),
+    ("kv_consumer", {"early_start_s": "0.05"}, "early_start_s='0.05' must be a number"),
 ])
 def test_bad_config_is_named(role, extra, match):
     with pytest.raises(ValueError, match=match):

@@ -53,11 +53,15 @@ def lynx_runs(pair, prompts):
 def test_greedy_output_equals_full_cache_reference(references, lynx_runs):
     for ref, run in zip(references, lynx_runs):
         assert ref.stats["stage"] == "full" and ref.stats["drafts_proposed"] == 0
+        assert ref.stats["early_start"] is False  # a one-stream token is never a draft
         assert run.stats["stage"] == "anchor"
         assert run.tokens == ref.tokens, "Lynx output differs from the full-cache reference"
     # The anchor really was used: drafts were made and verified on at least one prompt.
     assert any(r.stats["drafts_proposed"] > 0 and r.stats["verifications"] == 1
                for r in lynx_runs)
+    # and the first forward overlapped the anchor's last layers (early_start_s, 0.05 s of a
+    # ~0.7 s anchor at 0.05 Gbps): its drafts too were verified into the same output
+    assert any(r.stats["early_start"] for r in lynx_runs)
 
 
 def test_no_draft_reaches_the_streaming_client(lynx_runs):
