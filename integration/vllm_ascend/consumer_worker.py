@@ -281,7 +281,8 @@ class ConsumerWorker:
         h, now = t.handle, time.monotonic()
         log.debug("Lynx: %s %s in the cache (transfer %d)", req_id, what, t.job.transfer_id)
         if what == "refine":
-            self._meta.refined[req_id] = RefineReport(h.residual_ready_at, now)
+            self._meta.refined[req_id] = RefineReport(h.residual_ready_at, now,
+                                                      anchor_ready_at=h.anchor_ready_at)
             self._drop(req_id)
             return
         first, first_bytes = _first_frame(h)

@@ -81,6 +81,8 @@ class LynxDecodeRequest:
                        anchor_ready_at=self.loaded.anchor_ready_at,
                        loaded_at=self.loaded.loaded_at, decoded_by=self.loaded.decoded_by)
         if self.refine is not None:
+            if self.refine.anchor_ready_at is not None:  # the anchor's own time, also
+                out["anchor_ready_at"] = self.refine.anchor_ready_at  # when started early
             out.update(residual_ready_at=self.refine.residual_ready_at,
                        refined_at=self.refine.refined_at)
         return out

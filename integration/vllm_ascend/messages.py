@@ -64,6 +64,8 @@ class RefineReport:
     residual_ready_at: float
     refined_at: float       # the full-precision KV is in the paged cache (writes complete)
     count: int = 1
+    anchor_ready_at: float | None = None  # when the whole anchor was in (a request started
+                                          # early was reported loaded before that)
 
 
 @dataclass
@@ -89,9 +91,11 @@ class LynxWorkerMeta(KVConnectorWorkerMetadata):
                 mine.early or rep.early)
         for rid, rep in other.refined.items():
             mine = out.refined.get(rid)
+            anchors = [r.anchor_ready_at for r in (mine, rep) if r and r.anchor_ready_at]
             out.refined[rid] = rep if mine is None else RefineReport(
                 max(mine.residual_ready_at, rep.residual_ready_at),
-                max(mine.refined_at, rep.refined_at), mine.count + rep.count)
+                max(mine.refined_at, rep.refined_at), mine.count + rep.count,
+                max(anchors) if anchors else None)
         for rid, why in other.lost.items():
             out.lost.setdefault(rid, why)
         return out

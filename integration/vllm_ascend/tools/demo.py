@@ -157,7 +157,8 @@ def _compress_backend(model: str, mode: str, pair) -> str:
 
 def _timeline(r) -> str:
     """Where the time went: anchor/residual complete, KV in the cache, verification."""
-    marks = [("anchor", "anchor_ready_at"), ("in cache", "loaded_at"),
+    loaded = "started early" if r.stats.get("early_start") else "in cache"
+    marks = [("anchor", "anchor_ready_at"), (loaded, "loaded_at"),
              ("residual", "residual_ready_at"), ("refined", "refined_at"),
              ("verified", "verified_at")]
     parts = [f"{name} {r.stats[key] - r.start:.3f}" for name, key in marks

@@ -51,4 +51,16 @@ def test_worker_meta_aggregates_ranks():
     assert a.aggregate(LynxWorkerMeta(loaded={"x": LoadReport(
         "full", 1.5, 2.0, 3.0, first_frame_bytes=9)})).loaded["x"].first_frame_bytes == 0
     assert m.refined["y"] == RefineReport(4.5, 5.0, count=2)
+    late = LynxWorkerMeta(refined={"y": RefineReport(4.5, 4.9, anchor_ready_at=3.5)})
+    assert a.aggregate(late).refined["y"].anchor_ready_at == 3.5
     assert m.lost == {"z": "gone"} and not m.empty() and LynxWorkerMeta().empty()
+
+
+def test_a_request_started_early_reports_its_anchor_when_it_was_all_in():
+    lr = new_decode_request("r", 9, world_size=1, max_drafts=4)
+    lr.on_load_report(LoadReport("anchor", 1.0, 2.0, 2.0, early=True))
+    lr.start_decoding()
+    assert lr.stats()["early_start"] and lr.stats()["anchor_ready_at"] == 2.0
+    lr.on_refine_report(RefineReport(3.0, 3.1, anchor_ready_at=2.04))
+    stats = lr.stats()
+    assert (stats["loaded_at"], stats["anchor_ready_at"]) == (2.0, 2.04)
