@@ -32,7 +32,7 @@ from .vllm_compat import get_logger
 log = get_logger(__name__)
 Page = tuple[int, WirePage]   # (layer, page)
 # A request started early waits for its anchor's layers at most this many early_start_s after
-# it was reported: a stalled link costs the engine one bounded wait, not a hung step.
+# its first forward began: a stalled link costs the engine one bounded wait, not a hung step.
 _EARLY_WAIT_FACTOR = 4
 
 
@@ -90,9 +90,11 @@ class _Transfer:
     stage: str = "waiting"             # waiting -> anchor (drafting) -> dropped
     anchor_ready_at: float | None = None
     decoded_by: str = ""               # the backend that decoded its pages into the cache
-    # Started early (``early_start_s``): until then, a forward that runs it waits for each
-    # layer's anchor before reading the layer (wait_for_layer).
-    early_until: float | None = None
+    # Started early (``early_start_s``): until every anchor page is in the cache, a forward
+    # that runs it waits for each layer's anchor before reading the layer (wait_for_layer),
+    # until ``early_deadline`` (set by the first such forward).
+    early: bool = False
+    early_deadline: float | None = None
     anchor_in_at_poll: bool = False    # the whole anchor had arrived when this step began
 
 
@@ -145,22 +147,32 @@ class ConsumerWorker:
             self._transfers[job.req_id] = _Transfer(job, self.receiver.request(job.transfer_id))
         self._poll()
         self._early_now = [rid for rid in scheduled_early
-                           if rid in self._transfers and self._transfers[rid].early_until]
+                           if rid in self._transfers and self._transfers[rid].early]
 
     def wait_for_layer(self, layer: int) -> None:
         """Before this step's forward reads ``layer``: the anchor pages of that layer of every
-        request started early are in the cache, or its ``early_until`` has passed (the forward
-        then goes on: what it drafts is verified like every draft, so a missing layer can cost
-        drafts, never output)."""
+        request started early are in the cache. A layer still missing at the request's
+        ``early_deadline`` means a stalled link: the request is lost (recomputed locally), as
+        after any transfer failure past the anchor; this forward goes on."""
         for req_id in self._early_now:
             t = self._transfers.get(req_id)
-            if t is None or t.early_until is None:
+            if t is None or not t.early:
                 continue
-            left = t.early_until - time.monotonic()
-            if left > 0:
-                t.handle.wait_layer_anchor(layer, left)
-            for rid, what, fut in self._jobs:  # this step's earlier pages of the request
-                if rid == req_id and what != "refine":
+            now = time.monotonic()
+            if t.early_deadline is None:
+                t.early_deadline = now + _EARLY_WAIT_FACTOR * self.config.early_start_s
+            left = t.early_deadline - now
+            if not (t.handle.wait_layer_anchor(layer, left) if left > 0
+                    else t.handle.layer_anchor_in(layer)):
+                # The anchor stalled after the request was scheduled: what this forward drafts
+                # would read blocks never written (stale KV, which a draft may even match), so
+                # the request recomputes locally, as for any transfer lost after its anchor.
+                self._lose(req_id, f"layer {layer}'s anchor was not in "
+                                   f"{_EARLY_WAIT_FACTOR * self.config.early_start_s:g} s after "
+                                   f"the request was started early ({t.handle.progress()})")
+                continue
+            for rid, _, fut in self._jobs:  # this step's earlier pages of the request
+                if rid == req_id:
                     fut.exception()  # applied at finish_step
             pages = self.inbox.take_layer(t.job.transfer_id, layer)
             if not pages:
@@ -180,10 +192,9 @@ class ConsumerWorker:
             self._finish_copy(req_id, what, error, "" if error else fut.result())
         for req_id in finished_req_ids:
             self._drop(req_id, report_recving=True)
-        now = time.monotonic()
         for t in self._transfers.values():
-            if t.early_until is not None and (t.anchor_in_at_poll or now > t.early_until):
-                t.early_until = None  # every anchor page is in the cache, or waits are over
+            if t.early and t.anchor_in_at_poll:
+                t.early = False  # every anchor page was taken into this step's jobs: done
         done, failed = self._finished_recving, self._failed_recving
         self._finished_recving, self._failed_recving = set(), set()
         return done, failed
@@ -237,6 +248,10 @@ class ConsumerWorker:
         request may be scheduled now, its first forward waiting layer by layer for the rest."""
         h = t.handle
         if self.config.early_start_s <= 0 or t.job.wait_full or not h.two_stream:
+            return False
+        # Not before half of it is in: the link's first burst (a paced sender's bucket
+        # starts full) makes the early rate look far higher than the link's.
+        if h.anchor_share() < 0.5:
             return False
         eta = h.anchor_eta(now)
         return eta is not None and eta <= self.config.early_start_s
@@ -298,8 +313,7 @@ class ConsumerWorker:
             self._drop(req_id)
         else:
             t.stage, t.anchor_ready_at = "anchor", anchor_at
-            if early:
-                t.early_until = now + _EARLY_WAIT_FACTOR * self.config.early_start_s
+            t.early = early
 
     def _fail_load(self, req_id: str, why: str) -> None:
         """Before the anchor: vLLM recomputes the prompt (kv_load_failure_policy=recompute)."""

@@ -124,6 +124,13 @@ class ReceiveHandle:
             return None
         return (total - covered) * elapsed / covered
 
+    def anchor_share(self) -> float:
+        """The share of the anchor (layer-tokens) handed on so far."""
+        with self._lock:
+            if self._meta is None:
+                return 0.0
+            return sum(self._anchor_tokens) / (self.num_layers * self.num_tokens)
+
     def layer_anchor_in(self, layer: int) -> bool:
         """Whether every anchor page of ``layer`` was handed on (or the request settled)."""
         with self._lock:

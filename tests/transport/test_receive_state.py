@@ -89,12 +89,14 @@ def test_a_layer_waits_for_its_anchor_and_the_eta_follows_the_pages():
         assert handle.anchor_eta() is None and not handle.layer_anchor_in(0)
         sender.send(1, codec, layers)
         assert entered.wait(WAIT)  # one page handed on, the second held by the consumer
-        eta = handle.anchor_eta()
+        eta, share = handle.anchor_eta(), handle.anchor_share()
         assert handle.two_stream and eta is not None and 0 < eta < float("inf")
+        assert 0 < share < 1
         assert not handle.layer_anchor_in(2) and not handle.wait_layer_anchor(2, 0.05)
         go.set()
         assert handle.wait_layer_anchor(2, WAIT) and handle.layer_anchor_in(0)
         assert handle.anchor_ready.wait(WAIT) and handle.anchor_eta() == 0.0
+        assert handle.anchor_share() == 1.0
 
 
 def test_a_failed_request_wakes_whoever_waits_for_a_layer():
