@@ -332,6 +332,7 @@ class TransferParams:
     codec: str | None = None          # producer: overrides the configured codec
     peer: str | None = None           # producer: overrides the configured decode receiver
     drop_residual: bool = False       # producer fault injection: never send the residual stream
+    withhold_layers: int = 0          # producer fault injection: never send the last N layers
     max_drafts: int | None = None     # consumer: lower the instance's draft cap for this request
 
     def __post_init__(self):
@@ -344,6 +345,7 @@ class TransferParams:
             check_codec("codec", self.codec)
         if not isinstance(self.drop_residual, bool):
             raise ValueError(f"{self.drop_residual=} must be a bool")
+        check_number("withhold_layers", self.withhold_layers, 0, 1 << 16, integer=True)
         if self.max_drafts is not None:
             check_number("max_drafts", self.max_drafts, 0, 120, integer=True)
 

@@ -111,8 +111,11 @@ class ProducerWorker:
         else:  # wire_dtype: the cast needs the tokens gathered first
             layers = (serde.for_layer(i, kv.num_layers).encode(
                 *(x.to(dtype) for x in kv.read(i, slots))) for i in range(kv.num_layers))
+        keep = kv.num_layers - params.withhold_layers
         try:
-            for layer in layers:
+            for i, layer in enumerate(layers):
+                if i >= keep:  # fault injection (withhold_layers): a layer with no pages
+                    layer = EncodedLayer([], layer.wait().backend)
                 feed.put(_without_residual(layer) if params.drop_residual else layer)
         except Exception as e:
             feed.put(e)  # the request fails loudly on the sender's side too

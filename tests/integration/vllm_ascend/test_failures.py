@@ -38,6 +38,9 @@ BLOCK_SIZE = 128           # vLLM's default on CPU (checked below)
 USABLE_BLOCKS = 6          # + vLLM's null block
 TRANSFER_TIMEOUT_S = 20.0  # the whole transfer; also bounds the preemption test's window
 RESIDUAL_TIMEOUT_S = 20.0
+# A request is scheduled once its anchor is expected within this long: ~4 of its 30 layers
+# (the anchor takes ~1.3 s at 0.01 Gbps), so the early-start test's withheld layer is waited for.
+EARLY_START_S = 0.2
 _ids = itertools.count(int(time.time()) % 1_000_000 * 1000 + 500_000_001)
 
 
@@ -70,6 +73,7 @@ def setup(data_dir):
     assert num_blocks * BLOCK_SIZE >= max_model_len
     pair = LocalPair(PairConfig(str(model), gbps=0.01, residual_timeout_s=RESIDUAL_TIMEOUT_S,
                                 transfer_timeout_s=TRANSFER_TIMEOUT_S,
+                                early_start_s=EARLY_START_S,
                                 kv_cache_bytes=num_blocks * _block_bytes(model),
                                 max_model_len=max_model_len, decode_log_stats=True))
     try:
@@ -122,7 +126,7 @@ class Flight:
     prefills itself."""
 
     def __init__(self, pair, prompt, *, max_tokens=MAX_TOKENS, max_drafts=None, prefill=True,
-                 drop_residual=False, lynx=True):
+                 drop_residual=False, lynx=True, withhold_layers=0):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -143,6 +147,8 @@ class Flight:
             sent = {**lynx, "codec": "lynx"}
             if drop_residual:
                 sent["drop_residual"] = True
+            if withhold_layers:
+                sent["withhold_layers"] = withhold_layers
             pair.prefill.llm_engine.add_request(f"p-{self.rid}",
                                                 {"prompt_token_ids": list(prompt)},
                                                 params(1, sent))
@@ -235,6 +241,21 @@ def test_transfer_that_never_arrives_fails_over_to_local_recompute(setup):
     assert lost.finish_reason == "length"
     assert lost.stats["residual_lost"] and lost.stats["phase"] == "recompute", lost.stats
     assert lost.tokens == local[3]
+    _assert_released(pair, baseline)
+
+
+# -- 2b. the anchor stalls after its request was started early --------------------------------
+def test_anchor_stalling_after_an_early_start_recomputes(setup):
+    """The prefill never sends the last layer: the request is scheduled early (most of its
+    anchor in, the rest expected soon), its first forward waits for that layer until its
+    deadline (4 x early_start_s), and the request is then recomputed locally, never decoding
+    from the blocks the anchor did not reach."""
+    pair, prompts, full, local, baseline = setup
+    stalled = Flight(pair, prompts[2], withhold_layers=1)
+    _drive(pair, [stalled], timeout_s=TRANSFER_TIMEOUT_S + 60)
+    assert stalled.stats["early_start"], stalled.stats
+    assert "anchor was not in" in (stalled.stats["residual_lost"] or ""), stalled.stats
+    assert stalled.stats["phase"] == "recompute" and stalled.tokens == local[2]
     _assert_released(pair, baseline)
 
 
