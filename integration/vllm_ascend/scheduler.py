@@ -86,6 +86,12 @@ class LynxScheduler(Scheduler):
     def _recompute(self, request, lr: LynxDecodeRequest) -> None:
         if not is_running(request):
             return  # loaded but not yet scheduled: act once it runs
+        if request.request_id in getattr(self, "prev_step_scheduled_req_ids", ()):
+            # vLLM (0.23) asserts that a request resumed in a step did not run in the step
+            # before; one lost in the forward that ran it (an early start whose anchor
+            # stalled) sits this step out first.
+            park(request, self.current_step)
+            return
         log.warning("Lynx: recomputing request %s locally (%s)", request.request_id, lr.lost)
         drop_output_tokens(request, self.hash_block_size)
         lr.drafts.on_residual_lost()
