@@ -24,6 +24,11 @@ JSON (``--json``): {"device": str, "copy_gbps": float, "results": [{"op", "backe
 [layers, kv_heads, tokens, head_dim], "gbps", "kv_gbps", "seconds", and on accelerators
 "latency_s": one call's time}], plus "dtype", "config",
 "threads" (cpu)}.
+
+Config: ``--preset``, then ``--center``, ``--plan MODEL`` (a bundled model's ``lynx_plan``) and
+``--set KEY=VALUE`` (any Lynx parameter). A per-layer plan times each layer with its own config
+(``LynxConfig.for_layer``), so ``--plan smollm2`` on the CPU's default shape (SmolLM2's 30
+layers) times that model's deployment config; on accelerators, use ``--layers`` for it.
 """
 from __future__ import annotations
 
@@ -37,7 +42,9 @@ import time
 import torch
 
 from lynx_npu.cli_types import MAX_TOKENS, int_in, names, output_file
-from lynx_npu.codec.lynx_config import PRESETS, make_config
+from lynx_npu.codec.lynx_config import PRESETS, LynxConfig, make_config
+from lynx_npu.eval.codec_specs import parse_pairs
+from lynx_npu.eval.model import MODELS
 from lynx_npu import ops
 from lynx_npu.ops.kv_layouts import KV_CACHE_LAYOUTS, get_layout
 
@@ -65,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="lynx config preset (default: default)")
     parser.add_argument("--center", default=None, choices=["mean", "midrange"],
                         help="chunk centre (default: the preset's)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="set",
+                        help="a Lynx parameter over the preset (repeatable; values as in "
+                             "--codec-arg: int, float, true/false, JSON list), e.g. "
+                             "--set anchor_bits=5 --set v_chunk_size=64")
+    parser.add_argument("--plan", default=None, choices=sorted(MODELS),
+                        help="a bundled model's lynx_plan over the preset (its per-layer "
+                             "splits and V chunks: each layer is timed with its own config)")
     parser.add_argument("--ops", type=names(OPS, "op"), default=",".join(OPS),
                         help=f"comma-separated subset of {OPS}")
     parser.add_argument("--repeats", type=int_in(1, 100000), default=None,
@@ -168,6 +182,16 @@ def _paged_setup(layout_name, heads, tokens, head_dim, dtype, device, seed, rand
     return cache, slots.to(device)
 
 
+def bench_config(args) -> LynxConfig:
+    """The preset, then ``--center``, ``--plan``'s parameters and ``--set``'s, later winning;
+    unknown parameters and bad values raise ValueError naming them."""
+    overrides = {"center": args.center} if args.center else {}
+    if args.plan:
+        overrides.update(MODELS[args.plan].lynx_plan)
+    overrides.update(parse_pairs(args.set, "--set"))
+    return make_config(args.preset, **overrides)
+
+
 def run(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device != "cpu" and not (hasattr(torch, device) and getattr(torch, device).is_available()):
@@ -177,7 +201,8 @@ def run(args) -> int:
     layers = args.layers or layers
     heads, tokens, head_dim = args.kv_heads or heads, args.tokens or tokens, args.head_dim or head_dim
     dtype = getattr(torch, args.dtype)
-    cfg = make_config(args.preset, **({"center": args.center} if args.center else {}))
+    cfg = bench_config(args)
+    layer_cfgs = [cfg.for_layer(i, layers) for i in range(layers)]
     repeats = args.repeats or (5 if device == "cpu" else 10)
     want_ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for o in want_ops:
@@ -193,8 +218,8 @@ def run(args) -> int:
     backends = args.backend.split(",") if args.backend else [None]
     results = []
     for backend in backends:
-        name = ops.backend_for(device, cfg, heads, head_dim, dtype, backend)
-        streams = [ops.compress(k, v, cfg, backend=backend) for k, v in kv]
+        name = ops.backend_for(device, layer_cfgs[0], heads, head_dim, dtype, backend)
+        streams = [ops.compress(k, v, c, backend=backend) for (k, v), c in zip(kv, layer_cfgs)]
         a_bytes = sum(a.numel() for a, _ in streams)
         r_bytes = sum(r.numel() for _, r in streams)
         layout = args.paged_layout or PAGED_LAYOUT[device]
@@ -202,19 +227,21 @@ def run(args) -> int:
                               args.block_order == "random") for i in range(layers)] \
             if "decompress_paged" in want_ops else []
         jobs = {
-            "compress": (lambda: [ops.compress(k, v, cfg, backend=backend) for k, v in kv],
+            "compress": (lambda: [ops.compress(k, v, c, backend=backend)
+                                  for (k, v), c in zip(kv, layer_cfgs)],
                          kv_bytes + a_bytes + r_bytes),
-            "decompress_anchor": (lambda: [ops.decompress(a, None, cfg, k.shape, dtype,
+            "decompress_anchor": (lambda: [ops.decompress(a, None, c, k.shape, dtype,
                                                           backend=backend)
-                                           for (a, _), (k, _) in zip(streams, kv)],
+                                           for (a, _), (k, _), c in zip(streams, kv, layer_cfgs)],
                                   a_bytes + kv_bytes),
-            "decompress_full": (lambda: [ops.decompress(a, r, cfg, k.shape, dtype,
+            "decompress_full": (lambda: [ops.decompress(a, r, c, k.shape, dtype,
                                                         backend=backend)
-                                         for (a, r), (k, _) in zip(streams, kv)],
+                                         for (a, r), (k, _), c in zip(streams, kv, layer_cfgs)],
                                 a_bytes + r_bytes + kv_bytes),
-            "decompress_paged": (lambda: [ops.decompress_paged(a, r, cfg, tokens, cache, slots,
+            "decompress_paged": (lambda: [ops.decompress_paged(a, r, c, tokens, cache, slots,
                                                                layout, backend=backend)
-                                          for (a, r), (cache, slots) in zip(streams, paged)],
+                                          for (a, r), (cache, slots), c
+                                          in zip(streams, paged, layer_cfgs)],
                                  a_bytes + r_bytes + kv_bytes),
         }
         for op in want_ops:

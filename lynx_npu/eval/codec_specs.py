@@ -48,7 +48,7 @@ def parse_value(text: str):
     return text
 
 
-def _parse_pairs(items: list[str], where: str) -> dict:
+def parse_pairs(items: list[str], where: str) -> dict:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -62,7 +62,7 @@ def parse_codec_spec(spec: str) -> CodecSpec:
     parts = spec.strip().split(":")
     if not parts[0]:
         raise ValueError(f"codec spec {spec!r} has no codec name")
-    return CodecSpec(parts[0], _parse_pairs(parts[1:], f"codec spec {spec!r}"))
+    return CodecSpec(parts[0], parse_pairs(parts[1:], f"codec spec {spec!r}"))
 
 
 def parse_codec_arg(arg: str) -> tuple[str, str, object]:
@@ -70,7 +70,7 @@ def parse_codec_arg(arg: str) -> tuple[str, str, object]:
     name, sep, rest = arg.partition(":")
     if not sep or not name:
         raise ValueError(f"--codec-arg {arg!r} must look like codec:key=value (e.g. lynx:alpha_k=3)")
-    ((key, value),) = _parse_pairs([rest], f"--codec-arg {arg!r}").items()
+    ((key, value),) = parse_pairs([rest], f"--codec-arg {arg!r}").items()
     return name, key, value
 
 
