@@ -181,12 +181,15 @@ def test_head_dims_and_chunks(center, each_isa):
 
 @pytest.mark.parametrize("dtype", DTYPES + [torch.float32])
 @pytest.mark.parametrize("v_axis", ["channel", "token"])
-@pytest.mark.parametrize("anchor_bits", SPLITS)
+@pytest.mark.parametrize("anchor_bits", SPLITS + [5, 7])
 def test_decompress_equals_reference(anchor_bits, v_axis, dtype, each_isa):
+    """head_dim 24 and 40: rows of 16 + 8 (and 2 x 16 + 8) codes when 3 / 5 / 6 / 7 bits wide
+    (each unpack step's tail), rows that start mid-byte (20: 2 and 6 bits)."""
     cfg = config(anchor_bits, v_axis, 4)
     for t in (1, 33, 257):
-        k, v = random_kv(2, t, 32, dtype, seed=t)
-        check_decompress(each_isa, cfg, k, v, reference_streams(cfg, k, v), (t,))
+        for d in (32, 24, 40, 20):
+            k, v = random_kv(2, t, d, dtype, seed=t + d)
+            check_decompress(each_isa, cfg, k, v, reference_streams(cfg, k, v), (t, d))
 
 
 def _slots(num_tokens, num_blocks, block_size, seed):

@@ -149,6 +149,20 @@ inline bool finite_ranges(const float* gmin, const float* gmax, int64_t D, bool 
 inline float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
 // ---- bit packing (lynx_npu/codec/packing.py: LSB-first little-endian bit stream) -----------
+// 8 codes -> BITS bytes at out, for whole groups of 8 (a fixed-size store per group); -> codes
+// packed. The caller advances out.
+template <int BITS>
+inline int64_t pack8(const int8_t* c, int64_t n, uint8_t* out) {
+  constexpr uint64_t mask = (1u << BITS) - 1u;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8, out += BITS) {
+    uint64_t w = 0;
+    for (int j = 0; j < 8; ++j) w |= ((uint64_t)(uint8_t)c[i + j] & mask) << (j * BITS);
+    std::memcpy(out, &w, BITS);  // little-endian host
+  }
+  return i;
+}
+
 void pack(const int8_t* c, int64_t n, int bits, uint8_t* out, int64_t bit_off) {
   out += bit_off >> 3;
   int nb = (int)(bit_off & 7);
@@ -180,12 +194,16 @@ void pack(const int8_t* c, int64_t n, int bits, uint8_t* out, int64_t bit_off) {
       i = 4 * quads;
       out += quads;
     } else {
-      for (; i + 8 <= n; i += 8) {
-        uint64_t w = 0;
-        for (int j = 0; j < 8; ++j) w |= (uint64_t)((uint32_t)c[i + j] & mask) << (j * bits);
-        std::memcpy(out, &w, bits);  // little-endian host
-        out += bits;
+      switch (bits) {
+        case 1: i = pack8<1>(c, n, out); break;
+        case 3: i = pack8<3>(c, n, out); break;
+        case 5: i = pack8<5>(c, n, out); break;
+        case 6: i = pack8<6>(c, n, out); break;
+        case 7: i = pack8<7>(c, n, out); break;
+        case 8: i = pack8<8>(c, n, out); break;
+        default: break;  // the bit loop below
       }
+      out += i / 8 * bits;
     }
   }
   for (; i < n; ++i) {
@@ -198,6 +216,70 @@ void pack(const int8_t* c, int64_t n, int bits, uint8_t* out, int64_t bit_off) {
     }
   }
   if (nb > 0) *out = (uint8_t)(acc & 0xffu);  // partial last byte: high bits zero
+}
+
+// 8 codes of BITS bits from each BITS bytes at p, sign-extended (one fixed-size load per 8
+// codes); -> codes unpacked (whole groups of 8).
+template <int BITS>
+inline int64_t unpack8(const uint8_t* p, int64_t n, int32_t* out) {
+  constexpr int32_t half = 1 << (BITS - 1);
+  constexpr uint64_t mask = (1u << BITS) - 1u;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8, p += BITS) {
+    uint64_t w = 0;
+    std::memcpy(&w, p, BITS);  // little-endian host
+    for (int j = 0; j < 8; ++j) out[i + j] = ((int32_t)((w >> (j * BITS)) & mask) ^ half) - half;
+  }
+  return i;
+}
+
+#if defined(LYNX_AVX512)
+// 16 codes of BITS (1..7) bits span 2 * BITS bytes, each code at most two of them: a byte
+// shuffle puts code i's two bytes in lane i (the 16 bytes broadcast to every 128-bit lane, as
+// the shuffle stays in its lane), then a shift per lane and a mask.
+struct Unpack16 {
+  __m512i ctl, shift;
+  explicit Unpack16(int bits) {
+    alignas(64) uint8_t c[64];
+    alignas(64) uint32_t sh[16];
+    for (int i = 0; i < 16; ++i) {
+      c[4 * i] = (uint8_t)(bits * i / 8);
+      c[4 * i + 1] = (uint8_t)(bits * i / 8 + 1);
+      c[4 * i + 2] = c[4 * i + 3] = 0x80;  // zero
+      sh[i] = (uint32_t)(bits * i % 8);
+    }
+    ctl = _mm512_load_si512(c);
+    shift = _mm512_load_si512(sh);
+  }
+};
+
+template <int BITS>
+inline int64_t unpack16_avx512(const uint8_t* p, int64_t n, int32_t* out) {
+  static_assert(BITS >= 1 && BITS <= 7, "two bytes hold a code");
+  static const Unpack16 u(BITS);
+  const __m512i mask = _mm512_set1_epi32((1 << BITS) - 1);
+  const __m512i half = _mm512_set1_epi32(1 << (BITS - 1));
+  constexpr __mmask16 kBytes = (__mmask16)((1u << (2 * BITS)) - 1u);  // no read past the codes
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16, p += 2 * BITS) {
+    const __m512i src = _mm512_broadcast_i32x4(_mm_maskz_loadu_epi8(kBytes, p));
+    const __m512i w = _mm512_and_si512(
+        _mm512_srlv_epi32(_mm512_shuffle_epi8(src, u.ctl), u.shift), mask);
+    _mm512_storeu_si512(out + i, _mm512_sub_epi32(_mm512_xor_si512(w, half), half));
+  }
+  return i;
+}
+#endif
+
+// Byte-aligned codes of a split other than 4 + 4 (a model plan's 5 + 3 layers): 16 a step
+// where AVX-512 is, then 8; -> codes unpacked.
+template <int BITS>
+inline int64_t unpack_aligned(const uint8_t* p, int64_t n, int32_t* out) {
+  int64_t i = 0;
+#if defined(LYNX_AVX512)
+  if constexpr (BITS <= 7) i = unpack16_avx512<BITS>(p, n, out);
+#endif
+  return i + unpack8<BITS>(p + i * BITS / 8, n - i, out + i);
 }
 
 void unpack(const uint8_t* in, int64_t bit_off, int64_t n, int bits, int32_t* out) {
@@ -213,6 +295,18 @@ void unpack(const uint8_t* in, int64_t bit_off, int64_t n, int bits, int32_t* ou
       out[2 * j + 1] = ((byte >> 4) ^ 8) - 8;
     }
     i = 2 * pairs;
+  } else if ((bit_off & 7) == 0) {
+    const uint8_t* p = in + (bit_off >> 3);
+    switch (bits) {
+      case 1: i = unpack_aligned<1>(p, n, out); break;
+      case 2: i = unpack_aligned<2>(p, n, out); break;
+      case 3: i = unpack_aligned<3>(p, n, out); break;
+      case 5: i = unpack_aligned<5>(p, n, out); break;
+      case 6: i = unpack_aligned<6>(p, n, out); break;
+      case 7: i = unpack_aligned<7>(p, n, out); break;
+      case 8: i = unpack_aligned<8>(p, n, out); break;
+      default: break;
+    }
   }
   for (; i < n; ++i) {
     const int64_t pos = bit_off + i * bits;
