@@ -21,30 +21,81 @@ def section(row, field, ALIGN: tl.constexpr):
 
 
 @triton.jit
+def moved_bits(x, S: tl.constexpr, XW: tl.constexpr, DW: tl.constexpr):
+    """x (XW bits wide) shifted by S bits (left; right where S < 0) into a DW-bit destination,
+    or 0 where none of its bits land there: a packed field's part of a byte, or a byte's part
+    of a field, at offsets known at compile time."""
+    KEEP: tl.constexpr = (S < DW) & (S + XW > 0)
+    r = x * 0
+    if KEEP:
+        if S >= 0:
+            r = x << S
+        else:
+            r = x >> (-S)
+    return r
+
+
+@triton.jit
+def join_columns(c0, c1, c2, c3, c4, c5, c6, c7):
+    """[Q, 8] of eight [Q] columns (the inverse of lynx_compress._columns)."""
+    Q: tl.constexpr = c0.shape[0]
+    e = tl.reshape(tl.join(tl.join(c0, c4), tl.join(c2, c6)), [Q, 4])  # columns 0 2 4 6
+    o = tl.reshape(tl.join(tl.join(c1, c5), tl.join(c3, c7)), [Q, 4])  # columns 1 3 5 7
+    return tl.reshape(tl.join(e, o), [Q, 8])
+
+
+@triton.jit
+def _group_byte(b8_ptr, at, qmask, J: tl.constexpr, BITS: tl.constexpr):
+    """Byte J of the groups at byte offsets ``at`` as int32 (0 where J >= BITS or masked)."""
+    r = (at * 0).to(tl.int32)
+    if J < BITS:
+        r = tl.load(b8_ptr + at + J, mask=qmask, other=0).to(tl.int32)
+    return r
+
+
+@triton.jit
+def _field(b0, b1, b2, b3, b4, b5, b6, b7, I: tl.constexpr, BITS: tl.constexpr):
+    """Field I (BITS wide) of an 8-field LSB-first packing, from its bytes b0..b7."""
+    S: tl.constexpr = -BITS * I  # where byte 0 starts, from the field's bit 0
+    MASK: tl.constexpr = (1 << BITS) - 1
+    return (moved_bits(b0, S, 8, BITS) | moved_bits(b1, S + 8, 8, BITS)
+            | moved_bits(b2, S + 16, 8, BITS) | moved_bits(b3, S + 24, 8, BITS)
+            | moved_bits(b4, S + 32, 8, BITS) | moved_bits(b5, S + 40, 8, BITS)
+            | moved_bits(b6, S + 48, 8, BITS) | moved_bits(b7, S + 56, 8, BITS)) & MASK
+
+
+@triton.jit
 def unpack_fields(b8_ptr, w_ptr, off, grp, qmask, Q: tl.constexpr, BITS: tl.constexpr,
                   WORDS: tl.constexpr):
     """Unsigned BITS-bit fields [Q, 8]: row q is group ``grp[q]`` (8 consecutive values) of a
     packed stream at byte offset ``off``; masked groups read as 0. WORDS (BITS in 1, 2, 4):
     ``w_ptr`` views the stream as words of BITS bytes, one load per group (not vectorized
     across groups: a thread holds one group per row); else the group's BITS bytes are loaded
-    together and split in registers."""
+    one by one and each field put together from the bytes it spans, at offsets known at
+    compile time (no 64-bit word, no byte masks)."""
     MASK: tl.constexpr = (1 << BITS) - 1
     if WORDS:
         ptr = tl.max_contiguous(w_ptr + off // BITS + grp, [1])
         w = tl.load(ptr, mask=qmask, other=0).to(tl.int32)
         return (w[:, None] >> (tl.arange(0, 8) * BITS)[None, :]) & MASK
     else:
-        NB: tl.constexpr = 4 if BITS <= 4 else 8   # bytes loaded per group (BITS used)
-        j = tl.arange(0, NB)
-        b = tl.load(b8_ptr + off + grp[:, None] * BITS + j[None, :],
-                    mask=qmask[:, None] & (j < BITS)[None, :], other=0)
-        if BITS <= 4:
-            word = tl.sum(b.to(tl.int32) << (j * 8)[None, :], axis=1)
-            return (word[:, None] >> (tl.arange(0, 8) * BITS)[None, :]) & MASK
-        else:
-            word = tl.sum(b.to(tl.int64) << (j.to(tl.int64) * 8)[None, :], axis=1)
-            sh = tl.arange(0, 8).to(tl.int64) * BITS
-            return ((word[:, None] >> sh[None, :]) & MASK).to(tl.int32)
+        at = off + grp * BITS
+        b0 = _group_byte(b8_ptr, at, qmask, 0, BITS)
+        b1 = _group_byte(b8_ptr, at, qmask, 1, BITS)
+        b2 = _group_byte(b8_ptr, at, qmask, 2, BITS)
+        b3 = _group_byte(b8_ptr, at, qmask, 3, BITS)
+        b4 = _group_byte(b8_ptr, at, qmask, 4, BITS)
+        b5 = _group_byte(b8_ptr, at, qmask, 5, BITS)
+        b6 = _group_byte(b8_ptr, at, qmask, 6, BITS)
+        b7 = _group_byte(b8_ptr, at, qmask, 7, BITS)
+        return join_columns(_field(b0, b1, b2, b3, b4, b5, b6, b7, 0, BITS),
+                            _field(b0, b1, b2, b3, b4, b5, b6, b7, 1, BITS),
+                            _field(b0, b1, b2, b3, b4, b5, b6, b7, 2, BITS),
+                            _field(b0, b1, b2, b3, b4, b5, b6, b7, 3, BITS),
+                            _field(b0, b1, b2, b3, b4, b5, b6, b7, 4, BITS),
+                            _field(b0, b1, b2, b3, b4, b5, b6, b7, 5, BITS),
+                            _field(b0, b1, b2, b3, b4, b5, b6, b7, 6, BITS),
+                            _field(b0, b1, b2, b3, b4, b5, b6, b7, 7, BITS))
 
 
 @triton.jit

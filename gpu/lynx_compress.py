@@ -61,7 +61,7 @@ from triton.language.extra import libdevice
 from lynx_npu.ops import plan as P
 from lynx_npu.ops import tables as T
 
-from .lynx_common import minmax_combine, minmax_nan_combine, pmax, pmin, section
+from .lynx_common import minmax_combine, minmax_nan_combine, moved_bits, pmax, pmin, section
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -214,26 +214,37 @@ def _store_fields(u, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off, grp, gm
         residual = ((we & lo4) | ((wo << 4) & ~lo4)) ^ (BIAS * 0x11111111)
         _store_words(anchor, residual, aw_ptr, rw_ptr, codes_off, res_off, grp, gm, HINT)
     else:
-        _pack_store(u >> R_BITS, a8_ptr, aw_ptr, codes_off, grp, gm, A_BITS, A_WORDS, HINT)
+        _pack_store(u >> R_BITS, a8_ptr, aw_ptr, codes_off, grp, gm, A_BITS, A_WORDS, RS, HINT)
         _pack_store((u ^ BIAS) & ((1 << R_BITS) - 1), r8_ptr, rw_ptr, res_off, grp, gm, R_BITS,
-                    R_WORDS, HINT)
+                    R_WORDS, RS, HINT)
+
+
+@triton.jit
+def _packed_byte(c0, c1, c2, c3, c4, c5, c6, c7, J: tl.constexpr, BITS: tl.constexpr):
+    """Byte J of fields c0..c7 packed LSB-first, BITS bits each (offsets known at compile
+    time: shifts and ors of the two or three fields the byte holds)."""
+    S: tl.constexpr = -8 * J  # where field 0 starts, from the byte's bit 0
+    return (moved_bits(c0, S, BITS, 8) | moved_bits(c1, S + BITS, BITS, 8)
+            | moved_bits(c2, S + 2 * BITS, BITS, 8) | moved_bits(c3, S + 3 * BITS, BITS, 8)
+            | moved_bits(c4, S + 4 * BITS, BITS, 8) | moved_bits(c5, S + 5 * BITS, BITS, 8)
+            | moved_bits(c6, S + 6 * BITS, BITS, 8) | moved_bits(c7, S + 7 * BITS, BITS, 8)) & 255
 
 
 @triton.jit
 def _pack_store(f, b8_ptr, w_ptr, off, grp, gmask, BITS: tl.constexpr, WORDS: tl.constexpr,
-                HINT: tl.constexpr):
-    """Store fields f [R, 8] (row r: 8 consecutive stream values, in one thread) packed
+                RS: tl.constexpr, HINT: tl.constexpr):
+    """Store fields f [RS, 8] (row r: 8 consecutive stream values, in one thread) packed
     LSB-first at group index ``grp[r]`` of the stream at byte offset ``off``."""
     if WORDS:  # one word of BITS bytes per group, one store per thread
         w = tl.sum(f << (tl.arange(0, 8) * BITS)[None, :], axis=1)
         ptr = tl.max_contiguous(w_ptr + off // BITS + grp, [1])
         tl.store(ptr, w.to(w_ptr.dtype.element_ty), mask=gmask, eviction_policy=HINT)
-    else:  # 8 values -> BITS bytes through a 64-bit word
-        w = tl.sum(f.to(tl.int64) << (tl.arange(0, 8).to(tl.int64) * BITS)[None, :], axis=1)
-        b = tl.arange(0, 8)
-        byte = (w[:, None] >> (b.to(tl.int64) * 8)[None, :]) & 255
-        tl.store(b8_ptr + off + grp[:, None] * BITS + b[None, :], byte.to(tl.uint8),
-                 mask=gmask[:, None] & (b < BITS)[None, :], eviction_policy=HINT)
+    else:  # 8 values -> BITS bytes, each from the fields it holds: BITS byte stores a group
+        c0, c1, c2, c3, c4, c5, c6, c7 = _columns(f, RS)
+        base = b8_ptr + off + grp * BITS
+        for j in tl.static_range(BITS):
+            tl.store(base + j, _packed_byte(c0, c1, c2, c3, c4, c5, c6, c7, j, BITS).to(tl.uint8),
+                     mask=gmask, eviction_policy=HINT)
 
 
 @triton.jit

@@ -4,7 +4,9 @@ Compiles one kernel launch of the default configuration for sm_90 (H100) with th
 wheel's own ptxas, disassembles it with the wheel's nvdisasm and prints the instruction count
 of every loop (per iteration) and of the whole kernel, by opcode. The counts track the issue
 cost of a change before any device time is spent (docs/benchmarks.md). ``op``: compress
-(default), full, anchor, paged. ``--out DIR`` keeps the .ptx / .cubin / .sass files.
+(default), full, anchor, paged. ``--out DIR`` keeps the .ptx / .cubin / .sass files;
+``--set KEY=VALUE`` compiles another config's launch (e.g. ``--set anchor_bits=5``: a plan's
+wide layer).
 Launch arguments are captured from the real launcher under TRITON_INTERPRET=1 (CPU tensors)
 and specialised as Triton does on a GPU: integers equal to 1 become constants, pointers and
 integers divisible by 16 get that divisibility.
@@ -26,6 +28,7 @@ from triton.compiler import ASTSource
 
 from lynx_npu import ops
 from lynx_npu.codec.lynx_config import make_config
+from lynx_npu.eval.codec_specs import parse_pairs
 from lynx_npu.ops import dest as _dest
 from lynx_npu.ops.kv_layouts import get_layout, resolve
 from lynx_npu.ops.plan import layer_plan
@@ -36,8 +39,9 @@ _PTR = {torch.uint8: "u8", torch.int8: "i8", torch.int16: "i16", torch.int32: "i
         torch.int64: "i64", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-def _capture(op: str, which: str, shape=(8, 512, 128)):
-    """(jit function, args, kwargs) of the K or V launch of ``op``."""
+def _capture(op: str, which: str, shape=(8, 512, 128), overrides=None):
+    """(jit function, args, kwargs) of the K or V launch of ``op`` (Lynx parameters
+    ``overrides`` over the default config)."""
     calls = []
 
     class _Grab:
@@ -47,7 +51,7 @@ def _capture(op: str, which: str, shape=(8, 512, 128)):
         def __getitem__(self, grid):
             return lambda *a, **kw: calls.append((self.fn, a, kw))
 
-    cfg = make_config("default")
+    cfg = make_config("default", **(overrides or {}))
     h, t, d = shape
     k = torch.randn(h, t, d).to(torch.bfloat16)
     v = torch.randn(h, t, d).to(torch.bfloat16)
@@ -147,11 +151,14 @@ def main(argv=None) -> int:
                    choices=["compress", "full", "anchor", "paged"])
     p.add_argument("which", nargs="?", default="k", choices=["k", "v"])
     p.add_argument("--out", help="directory for the .ptx / .cubin / .sass files")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Lynx parameter over the default config (repeatable), e.g. "
+                        "--set anchor_bits=5")
     args = p.parse_args(argv)
     if not hasattr(launch.lynx_compress_kernel, "params"):
         print("run without TRITON_INTERPRET=1: the kernels must be compilable", file=sys.stderr)
         return 2
-    fn, a, kw = _capture(args.op, args.which)
+    fn, a, kw = _capture(args.op, args.which, overrides=parse_pairs(args.set, "--set"))
     ck, sass = compile_sm90(fn, a, kw)
     loops, total = loop_counts(sass)
     print(f"{args.op} {args.which}: {sum(total.values())} instructions, "
