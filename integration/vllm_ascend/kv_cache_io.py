@@ -67,6 +67,12 @@ def probe_cpu_layout(cache: torch.Tensor) -> str:
         if bool(covered.all()):
             return name
         tried.append(f"{name} (leaves elements unaccounted for)")
+    if vllm_compat.cpu_attn_isa(cache.dtype, bs, d) == "amx":
+        raise KVLayoutError(
+            f"vLLM's CPU attention keeps {cache.dtype} KV in blocks of {bs} in its AMX tile "
+            f"layout on this CPU, which Lynx cannot read or write (tried {', '.join(tried)}); "
+            f"serve with --dtype float16 or float32, or a --block-size that is not a multiple "
+            f"of 32 (e.g. 16), which vLLM keeps in its plain layout")
     raise KVLayoutError(f"vLLM's CPU cache op writes a layout no registry layout describes "
                         f"(tried {', '.join(tried)}); add it to lynx_npu/ops/kv_layouts.py")
 

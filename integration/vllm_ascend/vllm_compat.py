@@ -448,15 +448,22 @@ def is_cpu_platform() -> bool:
     return current_platform.is_cpu()
 
 
+def cpu_attn_isa(dtype: torch.dtype, block_size: int, head_size: int) -> str:
+    """The kernel family vLLM's CPU attention picks for caches like these ("amx", "vec",
+    "vec16", ...): it decides the cache's layout. On a CPU with AMX tiles, bfloat16 caches of
+    blocks of a multiple of 32 get "amx", whose layout tiles K for the AMX unit."""
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    return _get_attn_isa(dtype, block_size, head_size, "auto")
+
+
 def cpu_write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
     """Write key/value [num_tokens, num_kv_heads, head_size] into one layer of a vLLM CPU KV
     cache [num_blocks, num_kv_heads, block_size, 2 * head_size] with vLLM's own kernel (used
     to probe the layout; cpu_attn.py do_kv_cache_update does the same)."""
     from vllm import _custom_ops as ops
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
     num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
-    isa = _get_attn_isa(kv_cache.dtype, block_size, key.shape[-1], "auto")
+    isa = cpu_attn_isa(kv_cache.dtype, block_size, key.shape[-1])
     view = kv_cache.view(num_blocks, num_kv_heads, block_size * 2, -1)
     key_cache, value_cache = view.chunk(2, dim=2)
     ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, isa,
