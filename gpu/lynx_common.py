@@ -36,21 +36,26 @@ def moved_bits(x, S: tl.constexpr, XW: tl.constexpr, DW: tl.constexpr):
 
 
 @triton.jit
+def split_columns(x, RS: tl.constexpr):
+    """The 8 columns of x [RS, 8] as 8 tensors [RS] (free where a thread holds a row; the
+    inverse of join_columns)."""
+    e, o = tl.split(tl.reshape(x, [RS, 4, 2]))      # columns 0 2 4 6 / 1 3 5 7
+    e04, e26 = tl.split(tl.reshape(e, [RS, 2, 2]))  # 0 4 / 2 6
+    o15, o37 = tl.split(tl.reshape(o, [RS, 2, 2]))  # 1 5 / 3 7
+    c0, c4 = tl.split(e04)
+    c2, c6 = tl.split(e26)
+    c1, c5 = tl.split(o15)
+    c3, c7 = tl.split(o37)
+    return c0, c1, c2, c3, c4, c5, c6, c7
+
+
+@triton.jit
 def join_columns(c0, c1, c2, c3, c4, c5, c6, c7):
-    """[Q, 8] of eight [Q] columns (the inverse of lynx_compress._columns)."""
+    """[Q, 8] of eight [Q] columns (the inverse of split_columns)."""
     Q: tl.constexpr = c0.shape[0]
     e = tl.reshape(tl.join(tl.join(c0, c4), tl.join(c2, c6)), [Q, 4])  # columns 0 2 4 6
     o = tl.reshape(tl.join(tl.join(c1, c5), tl.join(c3, c7)), [Q, 4])  # columns 1 3 5 7
     return tl.reshape(tl.join(e, o), [Q, 8])
-
-
-@triton.jit
-def _group_byte(b8_ptr, at, qmask, J: tl.constexpr, BITS: tl.constexpr):
-    """Byte J of the groups at byte offsets ``at`` as int32 (0 where J >= BITS or masked)."""
-    r = (at * 0).to(tl.int32)
-    if J < BITS:
-        r = tl.load(b8_ptr + at + J, mask=qmask, other=0).to(tl.int32)
-    return r
 
 
 @triton.jit
@@ -79,15 +84,12 @@ def unpack_fields(b8_ptr, w_ptr, off, grp, qmask, Q: tl.constexpr, BITS: tl.cons
         w = tl.load(ptr, mask=qmask, other=0).to(tl.int32)
         return (w[:, None] >> (tl.arange(0, 8) * BITS)[None, :]) & MASK
     else:
-        at = off + grp * BITS
-        b0 = _group_byte(b8_ptr, at, qmask, 0, BITS)
-        b1 = _group_byte(b8_ptr, at, qmask, 1, BITS)
-        b2 = _group_byte(b8_ptr, at, qmask, 2, BITS)
-        b3 = _group_byte(b8_ptr, at, qmask, 3, BITS)
-        b4 = _group_byte(b8_ptr, at, qmask, 4, BITS)
-        b5 = _group_byte(b8_ptr, at, qmask, 5, BITS)
-        b6 = _group_byte(b8_ptr, at, qmask, 6, BITS)
-        b7 = _group_byte(b8_ptr, at, qmask, 7, BITS)
+        # one [Q, 8] tile of the groups' bytes (BITS..7 masked): contiguous columns, so that
+        # Triton loads runs of bytes across a warp and re-lays them so a thread holds its rows
+        j = tl.arange(0, 8)[None, :]
+        b = tl.load(b8_ptr + off + grp[:, None] * BITS + j, mask=qmask[:, None] & (j < BITS),
+                    other=0).to(tl.int32)
+        b0, b1, b2, b3, b4, b5, b6, b7 = split_columns(b, Q)
         return join_columns(_field(b0, b1, b2, b3, b4, b5, b6, b7, 0, BITS),
                             _field(b0, b1, b2, b3, b4, b5, b6, b7, 1, BITS),
                             _field(b0, b1, b2, b3, b4, b5, b6, b7, 2, BITS),

@@ -61,7 +61,8 @@ from triton.language.extra import libdevice
 from lynx_npu.ops import plan as P
 from lynx_npu.ops import tables as T
 
-from .lynx_common import minmax_combine, minmax_nan_combine, moved_bits, pmax, pmin, section
+from .lynx_common import (minmax_combine, minmax_nan_combine, moved_bits, pmax, pmin, section,
+                          split_columns)
 
 F_TOKEN0 = tl.constexpr(P.F_TOKEN0)
 F_BODY0 = tl.constexpr(P.F_BODY0)
@@ -161,25 +162,12 @@ _PACK44_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 2 + ["r"] * 16))
 
 
 @triton.jit
-def _columns(x, RS: tl.constexpr):
-    """The 8 columns of x [RS, 8] as 8 tensors [RS] (free where a thread holds a row)."""
-    e, o = tl.split(tl.reshape(x, [RS, 4, 2]))      # columns 0 2 4 6 / 1 3 5 7
-    e04, e26 = tl.split(tl.reshape(e, [RS, 2, 2]))  # 0 4 / 2 6
-    o15, o37 = tl.split(tl.reshape(o, [RS, 2, 2]))  # 1 5 / 3 7
-    c0, c4 = tl.split(e04)
-    c2, c6 = tl.split(e26)
-    c1, c5 = tl.split(o15)
-    c3, c7 = tl.split(o37)
-    return c0, c1, c2, c3, c4, c5, c6, c7
-
-
-@triton.jit
 def _pack44(u, xf, RS: tl.constexpr):
     """(anchor word, residual word before the bias) [RS] of u = I + bias [RS, 8] (only its
     low byte is read) with the signs of xf [RS, 8] (never -0.0: ``_code_centre``), as
     ``_store_fields``' 4 + 4 words."""
-    u0, u1, u2, u3, u4, u5, u6, u7 = _columns(u, RS)
-    x0, x1, x2, x3, x4, x5, x6, x7 = _columns(xf.to(tl.int32, bitcast=True), RS)
+    u0, u1, u2, u3, u4, u5, u6, u7 = split_columns(u, RS)
+    x0, x1, x2, x3, x4, x5, x6, x7 = split_columns(xf.to(tl.int32, bitcast=True), RS)
     return tl.inline_asm_elementwise(
         _PACK44_ASM, _PACK44_CONSTRAINTS,
         [u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3, x4, x5, x6, x7],
@@ -240,7 +228,7 @@ def _pack_store(f, b8_ptr, w_ptr, off, grp, gmask, BITS: tl.constexpr, WORDS: tl
         ptr = tl.max_contiguous(w_ptr + off // BITS + grp, [1])
         tl.store(ptr, w.to(w_ptr.dtype.element_ty), mask=gmask, eviction_policy=HINT)
     else:  # 8 values -> BITS bytes, each from the fields it holds: BITS byte stores a group
-        c0, c1, c2, c3, c4, c5, c6, c7 = _columns(f, RS)
+        c0, c1, c2, c3, c4, c5, c6, c7 = split_columns(f, RS)
         base = b8_ptr + off + grp * BITS
         for j in tl.static_range(BITS):
             tl.store(base + j, _packed_byte(c0, c1, c2, c3, c4, c5, c6, c7, j, BITS).to(tl.uint8),
@@ -675,7 +663,7 @@ def _row_values(v, GT: tl.constexpr, GL: tl.constexpr, RS: tl.constexpr):
     TS: tl.constexpr = v.shape[0]
     NCD: tl.constexpr = v.shape[1]
     full = tl.broadcast_to(v[None, :, :, None, None], [GT, TS, NCD, GL, 8])
-    c0, _, _, _, _, _, _, _ = _columns(tl.reshape(full, [RS, 8]), RS)
+    c0, _, _, _, _, _, _, _ = split_columns(tl.reshape(full, [RS, 8]), RS)
     return c0
 
 
