@@ -397,6 +397,9 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
     [num_pages, 2], the element offset of each page's K / V layer cache from ``dest``'s;
     ``layer_align``: a power of two (elements) dividing all of them."""
     dev = _check_device(anchor, residual, dest.k.tensor, dest.v.tensor)
+    if dest.tiled:
+        raise ValueError("the Triton kernels write untiled caches; a tiled one (vllm_cpu_amx) "
+                         "takes a dense pair and scatter_tokens (ops.decompress_paged does)")
     if layer_offsets is not None:
         _check_device(layer_offsets)
         if layer_offsets.dtype != torch.int64 or layer_offsets.shape != (plan.num_pages, 2):

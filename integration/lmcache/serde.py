@@ -63,6 +63,13 @@ KV_SIZE = 2  # K and V: MLA's single latent (kv_size 1) is not a Lynx layout
 KV_LAYOUTS = ("split", "vllm_cpu_vec")
 
 
+def _amx_tiles(dtype: torch.dtype, block_size: int) -> bool:
+    """Whether vLLM's CPU attention keeps caches like these in its AMX tile layout (its own
+    rule, vllm/v1/attention/backends/cpu_attn.py ``_get_attn_isa``)."""
+    return (dtype == torch.bfloat16 and block_size % 32 == 0
+            and bool(torch.cpu._is_amx_tile_supported()))
+
+
 def vllm_cpu_vec_to_split(t: torch.Tensor, head_dim: int, block_size: int) -> torch.Tensor:
     """[1, L, T, H * 2 * D] (vllm_cpu_vec) -> a new [2, L, T, H * D] tensor."""
     _, layers, tokens, hidden = t.shape
@@ -191,6 +198,11 @@ class LynxObjectCodec:
             if dtype not in FLOAT_DTYPES:
                 raise ValueError(f"lynx serde: kernel group {i} has dtype {dtype}; expected one "
                                  f"of float16, bfloat16, float32")
+            if cpu and _amx_tiles(dtype, self.config.block_size):
+                raise ValueError(f"lynx serde: kv_layout vllm_cpu_vec, but on this CPU vLLM "
+                                 f"keeps bfloat16 in blocks of {self.config.block_size} in its "
+                                 f"AMX tile layout, which this serde does not read; serve with "
+                                 f"--dtype float16 or float32, or --block-size 16")
             _, layers, tokens, hidden = shape
             if min(layers, tokens, hidden) < 1:
                 raise ValueError(f"lynx serde: kernel group {i} has an empty axis: {shape}")

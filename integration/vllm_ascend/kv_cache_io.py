@@ -5,7 +5,8 @@ the tensors vLLM registered are (DESIGN §8):
 
 * vLLM CPU: one tensor per layer ``[num_blocks, num_kv_heads, block_size, 2 * head_size]``
   whose interior is the CPU attention kernel's own packing (ISA-specific: on AVX2 / AVX-512
-  hosts K is column-major, V row-major; AMX hosts differ). Nothing is assumed: at start-up
+  hosts K is column-major, V row-major; on AMX hosts bfloat16 in blocks of a multiple of 32 is
+  tiled for the AMX unit, ``vllm_cpu_amx``). Nothing is assumed: at start-up
   random KV is written with vLLM's own cache op into a scratch cache and read back through each
   candidate registry layout; the one that reads back exactly, every element accounted for, is
   the layout, and the serde then writes it directly. No match: KVLayoutError.
@@ -25,12 +26,12 @@ from __future__ import annotations
 import torch
 
 from lynx_npu.ops import KV_CACHE_LAYOUTS, PagedKVCache
-from lynx_npu.ops.kv_layouts import resolve, target_view
+from lynx_npu.ops.kv_layouts import every_token, resolve, target_view
 
 from . import vllm_compat
 
 # Registry layouts of one [num_blocks, num_kv_heads, block_size, 2 * head_size] tensor.
-CPU_CANDIDATES = ("vllm_cpu", "vllm_flash_hnd")
+CPU_CANDIDATES = ("vllm_cpu", "vllm_cpu_amx", "vllm_flash_hnd")
 GPU_CANDIDATES = ("vllm_flash_nhd", "vllm_flash_hnd")
 
 
@@ -53,8 +54,12 @@ def probe_cpu_layout(cache: torch.Tensor) -> str:
     vllm_compat.cpu_write_kv(key, value, scratch, torch.arange(2 * bs, dtype=torch.int64))
     tried = []
     for name in CPU_CANDIDATES:
-        rc = resolve(name, scratch)
-        views = [target_view(t, 2, bs, heads, d).reshape(2 * bs, heads, d) for t in (rc.k, rc.v)]
+        try:
+            rc = resolve(name, scratch)
+        except ValueError as e:  # a tiled layout whose tiles this cache's sizes cannot hold
+            tried.append(f"{name} ({e})")
+            continue
+        views = [every_token(t, 2, bs, heads, d) for t in (rc.k, rc.v)]
         if not (torch.equal(views[0], key) and torch.equal(views[1], value)):
             tried.append(name)
             continue
@@ -63,18 +68,14 @@ def probe_cpu_layout(cache: torch.Tensor) -> str:
         index = resolve(name, torch.arange(scratch.numel(), dtype=torch.float32)
                         .view(scratch.shape))
         for t in (index.k, index.v):
-            covered[target_view(t, 2, bs, heads, d).reshape(-1).long()] = True
+            covered[every_token(t, 2, bs, heads, d).reshape(-1).long()] = True
         if bool(covered.all()):
             return name
         tried.append(f"{name} (leaves elements unaccounted for)")
-    if vllm_compat.cpu_attn_isa(cache.dtype, bs, d) == "amx":
-        raise KVLayoutError(
-            f"vLLM's CPU attention keeps {cache.dtype} KV in blocks of {bs} in its AMX tile "
-            f"layout on this CPU, which Lynx cannot read or write (tried {', '.join(tried)}); "
-            f"serve with --dtype float16 or float32, or a --block-size that is not a multiple "
-            f"of 32 (e.g. 16), which vLLM keeps in its plain layout")
-    raise KVLayoutError(f"vLLM's CPU cache op writes a layout no registry layout describes "
-                        f"(tried {', '.join(tried)}); add it to lynx_npu/ops/kv_layouts.py")
+    isa = vllm_compat.cpu_attn_isa(cache.dtype, bs, d)
+    raise KVLayoutError(f"vLLM's CPU cache op (ISA {isa!r}) writes a layout no registry layout "
+                        f"describes (tried {', '.join(tried)}); add it to "
+                        f"lynx_npu/ops/kv_layouts.py")
 
 
 def probe_ascend_layout(k_cache: torch.Tensor, v_cache: torch.Tensor) -> str:

@@ -283,6 +283,9 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
 def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerPlan,
                dest: Destination) -> None:
     _check_cpu(anchor, residual, dest.k.tensor, dest.v.tensor)
+    if dest.tiled:
+        raise ValueError("the CPU kernel writes untiled caches; a tiled one (vllm_cpu_amx) "
+                         "takes a dense pair and scatter_tokens (ops.decompress_paged does)")
     keep: list = []
     d = _Dest()
     for i, t in enumerate((dest.k, dest.v)):

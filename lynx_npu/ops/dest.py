@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_layouts import CacheTarget, ResolvedCache, target_view
+from .kv_layouts import CacheTarget, ResolvedCache, put_tokens
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,12 @@ class Destination:
     @property
     def device(self) -> torch.device:
         return self.k.tensor.device
+
+    @property
+    def tiled(self) -> bool:
+        """K or V in tiles (vllm_cpu_amx): kernels write a dense pair, ``scatter_tokens`` the
+        cache."""
+        return self.k.tiled or self.v.tiled
 
 
 def dense(k: torch.Tensor, v: torch.Tensor) -> Destination:
@@ -48,13 +54,13 @@ def scatter_tokens(dest: Destination, token_start: int, k: torch.Tensor, v: torc
     """Write k, v [H, n, D] (plan tokens token_start..+n) to ``dest`` with torch indexing."""
     n = k.shape[1]
     for tgt, x in ((dest.k, k), (dest.v, v)):
-        view = target_view(tgt, dest.num_blocks, dest.block_size, num_kv_heads, head_dim)
         rows = x.transpose(0, 1).to(dest.dtype)  # [n, H, D]
         if dest.slot_mapping is None:
-            slots = torch.arange(token_start, token_start + n, device=view.device)
+            slots = torch.arange(token_start, token_start + n, device=dest.device)
         else:
             slots = dest.slot_mapping[token_start:token_start + n].to(torch.int64)
         keep = (slots >= 0) & (slots < dest.num_blocks * dest.block_size)
         if not bool(keep.all()):
             slots, rows = slots[keep], rows[keep]
-        view[slots // dest.block_size, slots % dest.block_size] = rows
+        put_tokens(tgt, dest.num_blocks, dest.block_size, num_kv_heads, head_dim,
+                   slots // dest.block_size, slots % dest.block_size, rows)

@@ -9,10 +9,17 @@ lives at an affine element offset from its tensor's data pointer. A layout state
   stride order; identity for a contiguous tensor);
 * ``k_axes`` / ``v_axes``: the physical order of the element axes of K and V inside that dense
   memory. They differ only where an engine stores K and V regions differently (vLLM CPU).
+* ``k_tiles`` / ``v_tiles``: axes split into tiles, ``(("token", 16), ("dim", 2))``: the token
+  axis is then two axes in ``k_axes``, ``token_hi`` (which tile) and ``token_lo`` (the token
+  in it), and likewise ``dim``: vLLM's AMX layout packs K as [block_size / 16][head_size / 2]
+  tiles of 16 tokens x 2 channels. Kernels address untiled targets only (``target_view``);
+  a tiled one is read and written by torch indexing (``take_tokens`` / ``put_tokens``).
 
 From these, :func:`resolve` computes the strides every backend uses; no backend branches on
 the layout's name. Sources: vLLM 0.32 ``v1/attention/backends/cpu_attn.py`` and
-``csrc/cpu/cpu_attn_vec.hpp`` ("reshape K as column-major and V as row-major"),
+``csrc/cpu/cpu_attn_vec.hpp`` ("reshape K as column-major and V as row-major"), the AMX
+layout as vLLM 0.23 / 0.32's ``cpu_attn_reshape_and_cache`` writes it on an AMX host (probed
+element by element, integration/vllm_ascend/kv_cache_io.py),
 ``v1/kv_cache_layout.py`` (LBNHC / LBHNC stride orders), pre-0.30 vLLM FlashAttention
 (``[2, num_blocks, block_size, num_kv_heads, head_size]``), vLLM-Ascend (separate K and V
 ``[num_blocks, block_size, num_kv_heads, head_size]``, ``npu_scatter_pa_kv_cache``).
@@ -36,15 +43,23 @@ class KVCacheLayout:
     order: tuple[int, ...]                  # physical order of the logical dims
     k_axes: tuple[str, ...]                 # physical order of a K element's axes
     v_axes: tuple[str, ...]
+    k_tiles: tuple[tuple[str, int], ...] = ()   # (axis, tile size): axis_hi / axis_lo axes
+    v_tiles: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
         flat = [a for g in self.shape for a in g]
         need = {"block", "token", "head", "dim"} | (set() if self.separate else {"kv"})
         if sorted(flat) != sorted(need):
             raise ValueError(f"layout {self.name}: shape {self.shape} must name each of {need}")
-        for axes in (self.k_axes, self.v_axes):
-            if sorted(axes) != sorted(need):
-                raise ValueError(f"layout {self.name}: axes {axes} must be a permutation of {need}")
+        for axes, tiles in ((self.k_axes, self.k_tiles), (self.v_axes, self.v_tiles)):
+            split = {a for a, q in tiles if a in ("token", "dim") and q > 1}
+            if len(split) != len(tiles):
+                raise ValueError(f"layout {self.name}: tiles {tiles} must split token or dim, "
+                                 f"each once, into tiles of more than one")
+            want = (need - split) | {f"{a}_{p}" for a in split for p in ("hi", "lo")}
+            if sorted(axes) != sorted(want):
+                raise ValueError(f"layout {self.name}: axes {axes} must be a permutation of "
+                                 f"{sorted(want)}")
         if sorted(self.order) != list(range(len(self.shape))):
             raise ValueError(f"layout {self.name}: order {self.order} must permute the dims")
 
@@ -67,9 +82,11 @@ class KVCacheLayout:
         return t
 
 
-def _layout(name, description, separate, shape, order, k_axes, v_axes=None):
+def _layout(name, description, separate, shape, order, k_axes, v_axes=None, k_tiles=(),
+            v_tiles=()):
     return KVCacheLayout(name, description, separate, tuple(tuple(g) for g in shape),
-                         tuple(order), tuple(k_axes), tuple(v_axes or k_axes))
+                         tuple(order), tuple(k_axes), tuple(v_axes or k_axes), tuple(k_tiles),
+                         tuple(v_tiles))
 
 
 _B, _H, _N, _KVD = ("block",), ("head",), ("token",), ("kv", "dim")
@@ -78,9 +95,20 @@ KV_CACHE_LAYOUTS: dict[str, KVCacheLayout] = {l.name: l for l in (
             "vLLM CPU attention (ISA 'vec'/'vec16': x86 AVX2/AVX-512 without AMX, vLLM 0.32): one "
             "tensor [num_blocks, num_kv_heads, block_size, 2*head_size]; per (block, head) the K "
             "region [head_size][block_size] (column-major), then the V region "
-            "[block_size][head_size]. AMX hosts pack K differently: not described here.",
+            "[block_size][head_size]. AMX hosts keep bfloat16 in blocks of a multiple of 32 as "
+            "vllm_cpu_amx.",
             False, (_B, _H, _N, _KVD), (0, 1, 2, 3),
             ("block", "head", "kv", "dim", "token"), ("block", "head", "kv", "token", "dim")),
+    _layout("vllm_cpu_amx",
+            "vLLM CPU attention, ISA 'amx' (bfloat16 KV in blocks of a multiple of 32 on a CPU "
+            "with AMX tiles; vLLM 0.23 and 0.32): one tensor [num_blocks, num_kv_heads, "
+            "block_size, 2*head_size]; per (block, head) the K region as tiles "
+            "[block_size/16][head_size/2][16 tokens][2 channels], then the V region as "
+            "[head_size/16][block_size/2][16 channels][2 tokens].",
+            False, (_B, _H, _N, _KVD), (0, 1, 2, 3),
+            ("block", "head", "kv", "token_hi", "dim_hi", "token_lo", "dim_lo"),
+            ("block", "head", "kv", "dim_hi", "token_hi", "dim_lo", "token_lo"),
+            k_tiles=(("token", 16), ("dim", 2)), v_tiles=(("token", 2), ("dim", 16))),
     _layout("vllm_flash_nhd",
             "vLLM 0.32 GPU attention, KVCacheLayout LBNHC (NHD): logical [num_blocks, "
             "num_kv_heads, block_size, 2*head_size], physical [num_blocks, block_size, "
@@ -104,7 +132,9 @@ KV_CACHE_LAYOUTS: dict[str, KVCacheLayout] = {l.name: l for l in (
 
 @dataclass(frozen=True)
 class CacheTarget:
-    """Where one of K / V goes: tensor plus element strides of (block, token, head, dim)."""
+    """Where one of K / V goes: tensor plus element strides of (block, token, head, dim). A
+    tiled target splits token and / or dim: token ``o`` of a block is at ``(o // token_tile) *
+    s_token_hi + (o % token_tile) * s_token`` (dim likewise); untiled, the tiles are 1."""
 
     tensor: torch.Tensor
     offset: int          # element offset of (0, 0, 0, 0) from tensor.data_ptr()
@@ -112,6 +142,14 @@ class CacheTarget:
     s_token: int
     s_head: int
     s_dim: int
+    token_tile: int = 1
+    s_token_hi: int = 0
+    dim_tile: int = 1
+    s_dim_hi: int = 0
+
+    @property
+    def tiled(self) -> bool:
+        return self.token_tile > 1 or self.dim_tile > 1
 
 
 @dataclass(frozen=True)
@@ -184,20 +222,73 @@ def resolve(layout: str | KVCacheLayout, kv_caches, num_kv_heads: int | None = N
     if lay.separate and (tensors[1].dtype != t0.dtype or tensors[1].device != t0.device):
         raise ValueError("k_cache and v_cache must share dtype and device")
 
-    def target(t, axes, kv_index):
-        st = _dense_strides(axes, sizes)
-        off = kv_index * st.get("kv", 0)
-        return CacheTarget(t, off, st["block"], st["token"], st["head"], st["dim"])
+    def target(t, axes, tiles, kv_index, which):
+        sub = dict(sizes)
+        for axis, q in tiles:
+            if sizes[axis] % q:
+                raise ValueError(f"{lay.name} keeps {which} in tiles of {q} along {axis}; "
+                                 f"the cache's {axis} size {sizes[axis]} is not a multiple")
+            sub[f"{axis}_hi"], sub[f"{axis}_lo"] = sizes[axis] // q, q
+        st = _dense_strides(axes, sub)
+        q = dict(tiles)
+        lo = {a: st[f"{a}_lo"] if a in q else st[a] for a in ("token", "dim")}
+        return CacheTarget(t, kv_index * st.get("kv", 0), st["block"], lo["token"], st["head"],
+                           lo["dim"], q.get("token", 1), st.get("token_hi", 0),
+                           q.get("dim", 1), st.get("dim_hi", 0))
 
-    k = target(tensors[0], lay.k_axes, 0)
-    v = target(tensors[-1], lay.v_axes, 0 if lay.separate else 1)
+    k = target(tensors[0], lay.k_axes, lay.k_tiles, 0, "K")
+    v = target(tensors[-1], lay.v_axes, lay.v_tiles, 0 if lay.separate else 1, "V")
     return ResolvedCache(lay, sizes["block"], sizes["token"], sizes["head"], sizes["dim"],
                          t0.dtype, k, v)
 
 
 def target_view(t: CacheTarget, num_blocks: int, block_size: int, num_kv_heads: int,
                 head_size: int) -> torch.Tensor:
-    """The target as a strided view [num_blocks, block_size, num_kv_heads, head_size]."""
+    """The target as a strided view [num_blocks, block_size, num_kv_heads, head_size]
+    (untiled targets: what the kernels address)."""
+    if t.tiled:
+        raise ValueError("a tiled cache target has no [blocks, tokens, heads, dim] view; "
+                         "read and write it with take_tokens / put_tokens")
     return torch.as_strided(t.tensor, (num_blocks, block_size, num_kv_heads, head_size),
                             (t.s_block, t.s_token, t.s_head, t.s_dim),
                             t.tensor.storage_offset() + t.offset)
+
+
+def tile_view(t: CacheTarget, num_blocks: int, block_size: int, num_kv_heads: int,
+               head_size: int) -> torch.Tensor:
+    """[num_blocks, block_size / qt, qt, num_kv_heads, head_size / qd, qd] (qt, qd: the
+    tiles; 1 where untiled)."""
+    qt, qd = t.token_tile, t.dim_tile
+    hi_t = t.s_token_hi if qt > 1 else t.s_token
+    hi_d = t.s_dim_hi if qd > 1 else t.s_dim
+    return torch.as_strided(
+        t.tensor, (num_blocks, block_size // qt, qt, num_kv_heads, head_size // qd, qd),
+        (t.s_block, hi_t, t.s_token, t.s_head, hi_d, t.s_dim),
+        t.tensor.storage_offset() + t.offset)
+
+
+def take_tokens(t: CacheTarget, num_blocks: int, block_size: int, num_kv_heads: int,
+                head_size: int, blocks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Tokens at (blocks[i], offsets[i]) of the target -> [n, num_kv_heads, head_size]."""
+    view = tile_view(t, num_blocks, block_size, num_kv_heads, head_size)
+    q = t.token_tile
+    return view[blocks, offsets // q, offsets % q].reshape(-1, num_kv_heads, head_size)
+
+
+def put_tokens(t: CacheTarget, num_blocks: int, block_size: int, num_kv_heads: int,
+               head_size: int, blocks: torch.Tensor, offsets: torch.Tensor,
+               rows: torch.Tensor) -> None:
+    """Write rows [n, num_kv_heads, head_size] to tokens (blocks[i], offsets[i])."""
+    view = tile_view(t, num_blocks, block_size, num_kv_heads, head_size)
+    q = t.token_tile
+    view[blocks, offsets // q, offsets % q] = rows.reshape(
+        rows.shape[0], num_kv_heads, head_size // t.dim_tile, t.dim_tile)
+
+
+def every_token(t: CacheTarget, num_blocks: int, block_size: int, num_kv_heads: int,
+                head_size: int) -> torch.Tensor:
+    """Every slot of the target, in slot order -> [num_blocks * block_size, heads, head_size]
+    (a copy)."""
+    slots = torch.arange(num_blocks * block_size, device=t.tensor.device)
+    return take_tokens(t, num_blocks, block_size, num_kv_heads, head_size,
+                       slots // block_size, slots % block_size)

@@ -42,7 +42,8 @@ from .dest import Destination, dense, paged, scatter_tokens
 from .kv_layouts import ResolvedCache
 from .layered import page_layer_offsets, request_plan, request_rows
 from .page_serde import EncodedLayer, PageSerde, WirePage, as_bytes, wire_pages
-from .paged_cache import PagedKVCache, dense_run, read_tokens, row_align, row_offsets
+from .paged_cache import (PagedKVCache, dense_run, is_tiled, read_tokens, row_align,
+                          row_offsets)
 from .plan import (F_BODY0, F_NUM_BODY, F_NUM_SINK, F_SECTION, F_TOKEN0, NUM_FIELDS, SECTIONS,
                    LayerPlan)
 from .staging import DeviceCopier
@@ -165,7 +166,7 @@ class LynxSerde(PageSerde):
 
     def _layered(self, impl, cache: PagedKVCache) -> bool:
         """Whether one launch can take every layer (the kernels read row / layer offsets)."""
-        return (cache.num_layers > 1 and cache.layer_offsets is not None
+        return (cache.num_layers > 1 and not cache.tiled and cache.layer_offsets is not None
                 and "rows" in inspect.signature(impl.compress).parameters
                 and "layer_offsets" in inspect.signature(impl.decompress).parameters
                 and cache.layer(0).k.s_block % 2 == 0)
@@ -246,7 +247,8 @@ class LynxSerde(PageSerde):
         run = dense_run(cache, slot_mapping) if slot_mapping.device.type == "cpu" else None
         if run is not None:
             return self.compress(impl, *run, lw, flags=flags), lw, name
-        if "rows" in inspect.signature(impl.compress).parameters and cache.k.s_block % 2 == 0:
+        if ("rows" in inspect.signature(impl.compress).parameters and cache.k.s_block % 2 == 0
+                and not is_tiled(cache)):
             bases = [torch.as_strided(t.tensor, (h, cache.block_size, d),
                                       (t.s_head, t.s_token, t.s_dim),
                                       t.tensor.storage_offset() + t.offset)
@@ -505,8 +507,23 @@ class LynxSerde(PageSerde):
                 scatter_tokens(dest, p.token_start - staged.relative, k.to(dest.device),
                                v.to(dest.device), num_kv_heads, head_dim)
             return "reference"
+        if dest.tiled:  # kernels address no tiles: a dense pair, then the covered tokens
+            return self._apply_tiled(impl, name, staged, dest, num_kv_heads, head_dim)
         for plan, full, _ in staged.groups:
             impl.decompress(staged.buffer, staged.buffer if full else None, plan, dest)
+        return name
+
+    @staticmethod
+    def _apply_tiled(impl, name: str, staged: StagedPages, dest: Destination,
+                     num_kv_heads: int, head_dim: int) -> str:
+        k = torch.empty(num_kv_heads, staged.num_tokens, head_dim, dtype=dest.dtype,
+                        device=dest.device)
+        v = torch.empty_like(k)
+        for plan, full, _ in staged.groups:
+            impl.decompress(staged.buffer, staged.buffer if full else None, plan, dense(k, v))
+        for start, end in _covered(staged.pages, staged.relative):
+            scatter_tokens(dest, start, k[:, start:end], v[:, start:end], num_kv_heads,
+                           head_dim)
         return name
 
 
@@ -523,6 +540,18 @@ def _row(pw, bases: list[int], full: bool, scratch: dict, relative: int) -> list
             continue  # residual codes of an anchor-only page: never read
         row[F_SECTION + SECTIONS.index(name)] = bases[f] + o
     return row
+
+
+def _covered(pages, relative: int) -> list[tuple[int, int]]:
+    """The token ranges (plan-relative) the pages cover, merged where they touch."""
+    out: list[list[int]] = []
+    for p in sorted(pages, key=lambda p: p.token_start):
+        a, b = p.token_start - relative, p.token_end - relative
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 def _runs(lw: LayerWire):

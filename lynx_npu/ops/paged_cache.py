@@ -7,7 +7,8 @@ slots, as vLLM does: token ``t`` of a request lives in slot ``slot_mapping[t]``,
 ``(block, offset) = divmod(slot, block_size)``; slots of negative value are padding.
 
 ``read`` / ``write`` move tokens with plain torch indexing (tests, and the fallback where no
-kernel reads the layout); ``row_offsets`` is what a kernel with a fused gather reads instead.
+kernel reads the layout: a tiled one, vllm_cpu_amx); ``row_offsets`` is what a kernel with a
+fused gather reads instead.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_layouts import KVCacheLayout, ResolvedCache, get_layout, resolve, target_view
+from .kv_layouts import (KVCacheLayout, ResolvedCache, get_layout, put_tokens, resolve,
+                         take_tokens, target_view, tile_view)
 
 
 def slots_for_blocks(block_ids: Sequence[int], block_size: int, token_start: int,
@@ -71,6 +73,12 @@ class PagedKVCache:
     def device(self) -> torch.device:
         first = self.layers[0]
         return (first[0] if self.layout.separate else first).device
+
+    @property
+    def tiled(self) -> bool:
+        """K or V kept in tiles (vllm_cpu_amx): no kernel addresses it; tokens move by torch
+        indexing (``read_tokens``, ``write``)."""
+        return is_tiled(self.layer(0))
 
     def layer(self, i: int) -> ResolvedCache:
         if not 0 <= i < len(self.layers):
@@ -125,8 +133,12 @@ class PagedKVCache:
         slots = slots.to(rc.k.tensor.device, torch.int64)
         blk, off = slots // self.block_size, slots % self.block_size
         for tgt, x in ((rc.k, k), (rc.v, v)):
-            view = target_view(tgt, rc.num_blocks, rc.block_size, rc.num_kv_heads, rc.head_size)
-            view[blk, off] = x.to(view.device, rc.dtype).transpose(0, 1)
+            put_tokens(tgt, rc.num_blocks, rc.block_size, rc.num_kv_heads, rc.head_size, blk,
+                       off, x.to(tgt.tensor.device, rc.dtype).transpose(0, 1))
+
+
+def is_tiled(rc: ResolvedCache) -> bool:
+    return rc.k.tiled or rc.v.tiled
 
 
 def whole_blocks(slots: torch.Tensor, block_size: int) -> torch.Tensor | None:
@@ -147,6 +159,12 @@ def read_tokens(rc: ResolvedCache, slots: torch.Tensor) -> tuple[torch.Tensor, t
     """Gather tokens at ``slots`` of one resolved layer -> dense, contiguous k, v [H, n, D].
     Whole blocks are gathered by block (one strided copy each for K and V)."""
     blocks = whole_blocks(slots, rc.block_size)
+    if blocks is not None and is_tiled(rc):  # the blocks' tiles, then one permuting copy
+        n, h, d = slots.numel(), rc.num_kv_heads, rc.head_size
+        blocks = blocks.to(rc.k.tensor.device)
+        return tuple(tile_view(t, rc.num_blocks, rc.block_size, h, d)[blocks]
+                     .permute(3, 0, 1, 2, 4, 5).reshape(h, -1, d)[:, :n].contiguous()
+                     for t in (rc.k, rc.v))
     if blocks is not None:
         n, g = slots.numel(), _gather_blocks(rc, blocks)
         out = []
@@ -161,8 +179,9 @@ def read_tokens(rc: ResolvedCache, slots: torch.Tensor) -> tuple[torch.Tensor, t
     blk, off = slots // rc.block_size, slots % rc.block_size
     out = []
     for tgt in (rc.k, rc.v):
-        view = target_view(tgt, rc.num_blocks, rc.block_size, rc.num_kv_heads, rc.head_size)
-        out.append(view[blk, off].permute(1, 0, 2).contiguous())
+        rows = take_tokens(tgt, rc.num_blocks, rc.block_size, rc.num_kv_heads, rc.head_size,
+                           blk, off)
+        out.append(rows.permute(1, 0, 2).contiguous())
     return out[0], out[1]
 
 
@@ -188,8 +207,9 @@ def row_align(rc: ResolvedCache, *offsets: int) -> int:
 def row_offsets(rc: ResolvedCache, slots: torch.Tensor) -> torch.Tensor:
     """int64 [n] element offsets of each token's (head 0, dim 0) from the cache's block 0,
     the same for K and V: what a compress kernel with a fused gather reads per token."""
-    if (rc.k.s_block, rc.k.s_token) != (rc.v.s_block, rc.v.s_token):
-        raise ValueError(f"{rc.layout.name}: K and V token strides differ; gather first")
+    if (rc.k.s_block, rc.k.s_token) != (rc.v.s_block, rc.v.s_token) or is_tiled(rc):
+        raise ValueError(f"{rc.layout.name}: K and V token strides differ or are tiled; "
+                         f"gather first (read_tokens)")
     slots = slots.to(rc.k.tensor.device, torch.int64)
     return (slots // rc.block_size) * rc.k.s_block + (slots % rc.block_size) * rc.k.s_token
 
@@ -198,7 +218,7 @@ def dense_run(rc: ResolvedCache, slots: torch.Tensor):
     """(k, v) strided [H, n, D] views when host ``slots`` are consecutive and blocks are
     evenly spaced (a contiguous run of blocks: no gather needed), else None."""
     n = slots.numel()
-    if slots.device.type != "cpu" or n == 0:
+    if slots.device.type != "cpu" or n == 0 or is_tiled(rc):
         return None
     s0 = int(slots[0])
     if s0 < 0 or not torch.equal(slots, torch.arange(s0, s0 + n, dtype=slots.dtype)):

@@ -228,7 +228,7 @@ def test_paged_skips_slots_past_the_cache():
 
     from lynx_npu.gpu import launch
     from lynx_npu.ops import dest as _dest
-    from lynx_npu.ops.kv_layouts import resolve, target_view
+    from lynx_npu.ops.kv_layouts import every_token, resolve
     from lynx_npu.ops.plan import layer_plan
 
     cfg = config()
@@ -248,7 +248,7 @@ def test_paged_skips_slots_past_the_cache():
                       dest)
     keep = (slots >= 0) & (slots < top)
     for tgt, want in ((rc.k, wk), (rc.v, wv)):
-        flat = target_view(tgt, nb, bs, HEADS, HEAD_DIM).cpu().reshape(nb * bs, HEADS, HEAD_DIM)
+        flat = every_token(tgt, nb, bs, HEADS, HEAD_DIM).cpu()
         assert torch.equal(flat[slots[keep]], want.transpose(0, 1)[keep])
         untouched = torch.ones(nb * bs, dtype=torch.bool)
         untouched[slots[keep]] = False

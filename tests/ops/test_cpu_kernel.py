@@ -18,7 +18,7 @@ from lynx_npu import ops
 from lynx_npu.codec.lynx_config import LynxConfig
 from lynx_npu.ops import KV_CACHE_LAYOUTS, cpu_backend
 from lynx_npu.ops.backends import BackendUnavailable
-from lynx_npu.ops.kv_layouts import resolve, target_view
+from lynx_npu.ops.kv_layouts import every_token, resolve
 
 from .parity import CENTERS, codec, poisoned_compress, random_kv, reference_streams
 from .serde_checks import check_decode_into, check_encode_cache
@@ -222,8 +222,7 @@ def check_paged(layout, stage, backend, device, h=2, t=300, d=32, dtype=torch.bf
                          slots.to(device), layout, backend=backend)
     rc = resolve(layout, cache)
     for tgt, want in ((rc.k, wk), (rc.v, wv)):
-        view = target_view(tgt, nb, bs, h, d).cpu()
-        flat = view.reshape(nb * bs, h, d)
+        flat = every_token(tgt, nb, bs, h, d).cpu()
         keep = slots >= 0
         assert torch.equal(flat[slots[keep]], want.transpose(0, 1)[keep])
         untouched = torch.ones(nb * bs, dtype=torch.bool)
@@ -253,7 +252,7 @@ def test_decompress_paged_long_runs(layout, dtype, each_isa):
             rc = resolve(layout, cache)
             keep = slots >= 0
             for tgt, want in ((rc.k, wk), (rc.v, wv)):
-                flat = target_view(tgt, nb, bs, h, d).reshape(nb * bs, h, d)
+                flat = every_token(tgt, nb, bs, h, d)
                 assert torch.equal(flat[slots[keep]], want.transpose(0, 1)[keep]), (isa, stage)
                 untouched = torch.ones(nb * bs, dtype=torch.bool)
                 untouched[slots[keep]] = False

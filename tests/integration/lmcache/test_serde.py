@@ -283,3 +283,20 @@ def test_vllm_cpu_vec_round_trip_is_the_codec_applied_directly():
             MemoryLayoutDesc([torch.Size(shape)], [torch.float32]))
     with pytest.raises(ValueError, match="kv_layout='nhd'"):
         LynxSerdeConfig(head_dim=64, kv_layout="nhd")
+
+
+def test_vllm_cpu_vec_refuses_the_amx_tile_layout_where_vllm_uses_it():
+    """bfloat16 in blocks of 128 is vLLM's AMX tile layout on a CPU with AMX tiles, which
+    vllm_cpu_vec would misread: refused by name there, read as vllm_cpu_vec elsewhere (and in
+    blocks of 16 or as float16 everywhere)."""
+    shape = torch.Size((1, 2, 256, 2 * 2 * 64))
+    amx = bool(torch.cpu._is_amx_tile_supported())
+    for dtype, bs, tiled in ((torch.bfloat16, 128, amx), (torch.bfloat16, 16, False),
+                             (torch.float16, 128, False)):
+        ser = serde("lynx", 64, kv_layout="vllm_cpu_vec", block_size=bs)[1]
+        desc = MemoryLayoutDesc([shape], [dtype])
+        if tiled:
+            with pytest.raises(ValueError, match="AMX tile layout.*--block-size 16"):
+                ser.estimate_serialized_size(desc)
+        else:
+            assert ser.estimate_serialized_size(desc) > 0

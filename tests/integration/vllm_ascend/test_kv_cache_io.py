@@ -9,19 +9,20 @@ import lynx_npu  # noqa: E402
 from lynx_npu.integration.vllm_ascend import kv_cache_io, vllm_compat  # noqa: E402
 from lynx_npu.ops import serde_for  # noqa: E402
 
-H, D, BS, T = 3, 64, 32, 300
-# vLLM keeps bfloat16 KV in blocks of a multiple of 32 in its AMX tile layout where the CPU has
-# AMX (Lynx refuses it by name: test_amx_tile_layout_is_refused_by_name); there the bfloat16
-# caches below use blocks of 16, which vLLM keeps in its plain layout, as Lynx's error advises.
-AMX = vllm_compat.cpu_attn_isa(torch.bfloat16, BS, D) == "amx"
+H, D, T = 3, 64, 300
+# (dtype, block size): on a CPU with AMX tiles vLLM keeps bfloat16 in blocks of a multiple of 32
+# in its AMX tile layout (vllm_cpu_amx), everything else in its plain one (vllm_cpu); elsewhere
+# every case is plain, and vllm_cpu_amx is checked against vLLM's own description only
+# (tests/ops/test_kv_layouts.py).
+CASES = [(torch.bfloat16, 32), (torch.bfloat16, 16), (torch.float32, 32)]
+AMX = vllm_compat.cpu_attn_isa(torch.bfloat16, 32, D) == "amx"
 
 
-def _block_size(dtype):
-    return 16 if AMX and dtype == torch.bfloat16 else BS
+def _layout(dtype, bs):
+    return "vllm_cpu_amx" if vllm_compat.cpu_attn_isa(dtype, bs, D) == "amx" else "vllm_cpu"
 
 
-def _caches(dtype, n=2):
-    bs = _block_size(dtype)
+def _caches(dtype, n=2, bs=32):
     nb = -(-T // bs) + 2
     return {f"model.layers.{i}.self_attn.attn": torch.zeros((nb, H, bs, 2 * D), dtype=dtype)
             for i in reversed(range(n))}
@@ -33,24 +34,23 @@ def _kv(dtype, seed=0):
             torch.randn(H, T, D, generator=g).to(dtype))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_probe_finds_the_registry_layout(dtype):
-    caches = _caches(dtype)
+@pytest.mark.parametrize("dtype,bs", CASES)
+def test_probe_finds_the_registry_layout(dtype, bs):
+    caches = _caches(dtype, bs=bs)
     kv = kv_cache_io.paged_kv_from_vllm(caches)
     assert kv.layout.name == kv_cache_io.probe_cpu_layout(caches["model.layers.0.self_attn.attn"])
-    assert kv.layout.name == "vllm_cpu"  # this host: K column-major, V row-major
-    assert (kv.num_layers, kv.block_size, kv.num_kv_heads, kv.head_size) == \
-        (2, _block_size(dtype), H, D)
+    assert kv.layout.name == _layout(dtype, bs)
+    assert (kv.num_layers, kv.block_size, kv.num_kv_heads, kv.head_size) == (2, bs, H, D)
     assert kv.layers[0] is caches["model.layers.0.self_attn.attn"]  # model order
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype,bs", CASES)
 @pytest.mark.parametrize("stage", ["anchor", "full"])
-def test_serde_writes_what_vllms_cache_op_writes(dtype, stage):
+def test_serde_writes_what_vllms_cache_op_writes(dtype, bs, stage):
     """Pages decoded into the cache by the serde == the reference decode written by vLLM."""
     codec = lynx_npu.get_codec("lynx")
     k, v = _kv(dtype)
-    ours, theirs = _caches(dtype, 1), _caches(dtype, 1)
+    ours, theirs = _caches(dtype, 1, bs), _caches(dtype, 1, bs)
     kv = kv_cache_io.paged_kv_from_vllm(ours)
     nb, bs = kv.layers[0].shape[0], kv.block_size
     blocks = torch.randperm(nb, generator=torch.Generator().manual_seed(1))[:-(-T // bs)]
@@ -70,10 +70,11 @@ def test_serde_writes_what_vllms_cache_op_writes(dtype, stage):
     assert torch.equal(ours["model.layers.0.self_attn.attn"], cache)
 
 
-def test_encode_reads_what_vllms_cache_op_wrote():
+@pytest.mark.parametrize("bs", [32, 16])
+def test_encode_reads_what_vllms_cache_op_wrote(bs):
     codec = lynx_npu.get_codec("lynx")
     k, v = _kv(torch.bfloat16, seed=2)
-    caches = _caches(torch.bfloat16, 1)
+    caches = _caches(torch.bfloat16, 1, bs)
     kv = kv_cache_io.paged_kv_from_vllm(caches)
     nb = caches["model.layers.0.self_attn.attn"].shape[0]
     blocks = torch.randperm(nb, generator=torch.Generator().manual_seed(3))[:-(-T // kv.block_size)]
@@ -87,12 +88,20 @@ def test_encode_reads_what_vllms_cache_op_wrote():
 
 
 @pytest.mark.skipif(not AMX, reason="this CPU has no AMX tiles: vLLM never uses its AMX layout")
-def test_amx_tile_layout_is_refused_by_name():
-    """bfloat16 in blocks of 32 on an AMX CPU: vLLM tiles K for the AMX unit; Lynx says so and
-    what to serve with instead, rather than writing a cache it cannot describe."""
-    with pytest.raises(kv_cache_io.KVLayoutError, match="AMX tile layout.*--block-size"):
-        kv_cache_io.paged_kv_from_vllm({"model.layers.0.self_attn.attn":
-                                        torch.zeros((4, H, BS, 2 * D), dtype=torch.bfloat16)})
+def test_the_amx_layout_is_what_vllms_cache_op_writes():
+    """On an AMX CPU: a bfloat16 cache in blocks of 32 written through vllm_cpu_amx equals the
+    one vLLM's own cache op writes, element for element (K in tiles of 16 tokens x 2 channels,
+    V in tiles of 16 channels x 2 tokens; blocks in reverse order)."""
+    caches = _caches(torch.bfloat16, 1)
+    kv = kv_cache_io.paged_kv_from_vllm(caches)
+    assert kv.layout.name == "vllm_cpu_amx" and kv.tiled
+    k, v = _kv(torch.bfloat16, seed=4)
+    slots = kv.slots(list(range(kv.layers[0].shape[0]))[::-1], 0, T)
+    kv.write(0, slots, k, v)
+    theirs = _caches(torch.bfloat16, 1)["model.layers.0.self_attn.attn"]
+    vllm_compat.cpu_write_kv(k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous(),
+                             theirs, slots)
+    assert torch.equal(caches["model.layers.0.self_attn.attn"], theirs)
 
 
 def test_bad_caches_are_named():
