@@ -202,7 +202,8 @@ class LynxObjectCodec:
                 raise ValueError(f"lynx serde: kv_layout vllm_cpu_vec, but on this CPU vLLM "
                                  f"keeps bfloat16 in blocks of {self.config.block_size} in its "
                                  f"AMX tile layout, which this serde does not read; serve with "
-                                 f"--dtype float16 or float32, or --block-size 16")
+                                 f"--dtype float16 or float32 (or on vLLM 0.23, whose CPU "
+                                 f"attention takes blocks of 16, --block-size 16)")
             _, layers, tokens, hidden = shape
             if min(layers, tokens, hidden) < 1:
                 raise ValueError(f"lynx serde: kernel group {i} has an empty axis: {shape}")

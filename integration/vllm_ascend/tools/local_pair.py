@@ -95,6 +95,9 @@ class PairConfig:
     # pass than in a one-token step, which breaks token-for-token equality of any speculative
     # decoding at near ties (docs/demo.md); float32 is also faster on CPUs without AVX512-BF16.
     dtype: str = "float32"
+    # vLLM's KV block size (None: vLLM's default, 128 on the CPU; bfloat16 in blocks of a
+    # multiple of 32 is then its AMX tile layout on CPUs with AMX, docs/deploy.md)
+    block_size: int | None = None
     kv_cache_bytes: int = 512 << 20
     max_model_len: int = 8192
     max_num_seqs: int = 8              # requests each instance runs at once
@@ -117,6 +120,9 @@ class PairConfig:
             raise ValueError(f"{self.max_num_seqs=} must be >= 1")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"{self.tensor_parallel_size=} must be >= 1")
+        if self.block_size is not None and not (self.block_size >= 1
+                                                and self.block_size & (self.block_size - 1) == 0):
+            raise ValueError(f"{self.block_size=} must be a power of two")
 
 
 @dataclass
@@ -175,6 +181,8 @@ class LocalPair:
                       max_model_len=config.max_model_len, enforce_eager=True, seed=0,
                       max_num_seqs=config.max_num_seqs, disable_log_stats=True,
                       tensor_parallel_size=config.tensor_parallel_size)
+        if config.block_size is not None:
+            common["block_size"] = config.block_size
         t0 = time.monotonic()
         for attempt in range(1, _START_ATTEMPTS + 1):
             log(f"[lynx] starting the decode instance (receiver on 127.0.0.1:{self.port}) ...")
