@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_layouts import CacheTarget, ResolvedCache, put_tokens
+from .kv_layouts import CacheTarget, ResolvedCache, put_tokens, put_whole_blocks
 
 
 @dataclass(frozen=True)
@@ -53,14 +53,34 @@ def scatter_tokens(dest: Destination, token_start: int, k: torch.Tensor, v: torc
                    num_kv_heads: int, head_dim: int) -> None:
     """Write k, v [H, n, D] (plan tokens token_start..+n) to ``dest`` with torch indexing."""
     n = k.shape[1]
-    for tgt, x in ((dest.k, k), (dest.v, v)):
-        rows = x.transpose(0, 1).to(dest.dtype)  # [n, H, D]
-        if dest.slot_mapping is None:
-            slots = torch.arange(token_start, token_start + n, device=dest.device)
-        else:
-            slots = dest.slot_mapping[token_start:token_start + n].to(torch.int64)
-        keep = (slots >= 0) & (slots < dest.num_blocks * dest.block_size)
-        if not bool(keep.all()):
-            slots, rows = slots[keep], rows[keep]
-        put_tokens(tgt, dest.num_blocks, dest.block_size, num_kv_heads, head_dim,
-                   slots // dest.block_size, slots % dest.block_size, rows)
+    if dest.slot_mapping is None:
+        slots = torch.arange(token_start, token_start + n, device=dest.device)
+    else:
+        slots = dest.slot_mapping[token_start:token_start + n].to(torch.int64)
+    rows = [x.transpose(0, 1).to(dest.dtype) for x in (k, v)]  # [n, H, D] each
+    keep = (slots >= 0) & (slots < dest.num_blocks * dest.block_size)
+    if not bool(keep.all()):
+        slots, rows = slots[keep], [r[keep] for r in rows]
+    bs = dest.block_size
+    if dest.tiled:  # whole blocks by block copies; only the rest token by token
+        start = _whole_block_starts(slots, bs)
+        if start is not None:
+            tok = start[:, None] + torch.arange(bs, device=slots.device)
+            if put_whole_blocks([(t, r[tok]) for t, r in zip((dest.k, dest.v), rows)],
+                                dest.num_blocks, bs, num_kv_heads, head_dim, slots[start] // bs):
+                rest = torch.ones_like(slots, dtype=torch.bool)
+                rest[tok.reshape(-1)] = False
+                slots, rows = slots[rest], [r[rest] for r in rows]
+    for tgt, r in zip((dest.k, dest.v), rows):
+        put_tokens(tgt, dest.num_blocks, bs, num_kv_heads, head_dim, slots // bs, slots % bs, r)
+
+
+def _whole_block_starts(slots: torch.Tensor, block_size: int) -> torch.Tensor | None:
+    """Indices i where slots[i:i + block_size] fill one block in order (None: no such i)."""
+    idx = torch.nonzero(slots % block_size == 0).flatten()
+    idx = idx[idx + block_size <= slots.numel()]
+    if idx.numel() == 0:
+        return None
+    ar = torch.arange(block_size, device=slots.device)
+    idx = idx[(slots[idx[:, None] + ar] == slots[idx][:, None] + ar).all(1)]
+    return idx if idx.numel() else None

@@ -285,6 +285,36 @@ def put_tokens(t: CacheTarget, num_blocks: int, block_size: int, num_kv_heads: i
         rows.shape[0], num_kv_heads, head_size // t.dim_tile, t.dim_tile)
 
 
+def put_whole_blocks(pairs, num_blocks: int, block_size: int, num_kv_heads: int,
+                     head_size: int, blocks: torch.Tensor) -> bool:
+    """Write whole blocks: ``pairs`` of (target, rows [m, block_size, heads, head_size]) into
+    ``blocks`` [m] (each target's tensor gathered once, its tiles written by one strided copy,
+    scattered back by block): several times faster than ``put_tokens`` on a tiled target.
+    False, having written nothing, where a tensor has no block dim of stride ``s_block``."""
+    plans = []
+    for tgt in {id(t.tensor): t for t, _ in pairs}.values():
+        tensor = tgt.tensor
+        dims = [i for i in range(tensor.dim()) if tensor.stride(i) == tgt.s_block
+                and tensor.shape[i] == num_blocks]
+        if not dims:
+            return False
+        scratch = tensor.index_select(dims[0], blocks)
+        if scratch.stride() != tensor.stride():
+            return False
+        plans.append((tensor, dims[0], scratch))
+    m = blocks.numel()
+    for tensor, dim, scratch in plans:
+        for t, rows in pairs:
+            if t.tensor is tensor:
+                qt, qd = t.token_tile, t.dim_tile
+                local = CacheTarget(scratch, t.offset, t.s_block, t.s_token, t.s_head, t.s_dim,
+                                    qt, t.s_token_hi, qd, t.s_dim_hi)
+                tile_view(local, m, block_size, num_kv_heads, head_size).copy_(
+                    rows.reshape(m, block_size // qt, qt, num_kv_heads, head_size // qd, qd))
+        tensor.index_copy_(dim, blocks, scratch)
+    return True
+
+
 def every_token(t: CacheTarget, num_blocks: int, block_size: int, num_kv_heads: int,
                 head_size: int) -> torch.Tensor:
     """Every slot of the target, in slot order -> [num_blocks * block_size, heads, head_size]
