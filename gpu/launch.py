@@ -397,7 +397,7 @@ def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerP
     [num_pages, 2], the element offset of each page's K / V layer cache from ``dest``'s;
     ``layer_align``: a power of two (elements) dividing all of them."""
     dev = _check_device(anchor, residual, dest.k.tensor, dest.v.tensor)
-    if dest.tiled:
+    if dest.tiled:  # (WRITES_TILES is not set: the serde and ops.decompress_paged go dense)
         raise ValueError("the Triton kernels write untiled caches; a tiled one (vllm_cpu_amx) "
                          "takes a dense pair and scatter_tokens (ops.decompress_paged does)")
     if layer_offsets is not None:

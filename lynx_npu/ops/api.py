@@ -137,7 +137,7 @@ def _run_decompress(anchor, residual, plan: LayerPlan, dest, backend) -> None:
         residual = _check_stream("residual", residual, plan.residual_nbytes, device)
     _, impl = backends.select(device, backend, plan.config, plan.num_kv_heads, plan.head_dim,
                               plan.dtype)
-    if dest.tiled:  # no kernel addresses tiles (vllm_cpu_amx): a dense pair, then a scatter
+    if dest.tiled and not getattr(impl, "WRITES_TILES", False):  # a dense pair, then a scatter
         k = torch.empty(plan.num_kv_heads, plan.num_tokens, plan.head_dim, dtype=dest.dtype,
                         device=device)
         v = torch.empty_like(k)

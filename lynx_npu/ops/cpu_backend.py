@@ -42,6 +42,7 @@ from .tables import device_tables
 
 NAME = "cpu"
 CHECKS_VALUES = True  # the kernel refuses NaN / Inf / a page range past float32 (rc 2)
+WRITES_TILES = True   # decompress writes tiled caches (vllm_cpu_amx) itself (Dest's tiles)
 SOURCE = pathlib.Path(__file__).with_name("cpu") / "lynx_cpu.cpp"
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno"]
@@ -62,7 +63,8 @@ class _Params(ctypes.Structure):
 class _Dest(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p * 2)] + [
         (n, ctypes.c_int64 * 2) for n in ("offset", "s_block", "s_token", "s_head", "s_dim")] + [
-        ("block_size", ctypes.c_int64), ("slots", ctypes.c_void_p)]
+        ("block_size", ctypes.c_int64), ("slots", ctypes.c_void_p)] + [
+        (n, ctypes.c_int64 * 2) for n in ("token_tile", "s_token_hi", "dim_tile", "s_dim_hi")]
 
 
 def _cache_dir() -> pathlib.Path:
@@ -283,15 +285,14 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None):
 def decompress(anchor: torch.Tensor, residual: torch.Tensor | None, plan: LayerPlan,
                dest: Destination) -> None:
     _check_cpu(anchor, residual, dest.k.tensor, dest.v.tensor)
-    if dest.tiled:
-        raise ValueError("the CPU kernel writes untiled caches; a tiled one (vllm_cpu_amx) "
-                         "takes a dense pair and scatter_tokens (ops.decompress_paged does)")
     keep: list = []
     d = _Dest()
     for i, t in enumerate((dest.k, dest.v)):
         d.base[i] = t.tensor.data_ptr()
         d.offset[i], d.s_block[i], d.s_token[i] = t.offset, t.s_block, t.s_token
         d.s_head[i], d.s_dim[i] = t.s_head, t.s_dim
+        d.token_tile[i], d.s_token_hi[i] = t.token_tile, t.s_token_hi
+        d.dim_tile[i], d.s_dim_hi[i] = t.dim_tile, t.s_dim_hi
     d.block_size = dest.block_size
     d.slots = dest.slot_mapping.data_ptr() if dest.slot_mapping is not None else None
     table = plan.on("cpu")

@@ -507,7 +507,8 @@ class LynxSerde(PageSerde):
                 scatter_tokens(dest, p.token_start - staged.relative, k.to(dest.device),
                                v.to(dest.device), num_kv_heads, head_dim)
             return "reference"
-        if dest.tiled:  # kernels address no tiles: a dense pair, then the covered tokens
+        if dest.tiled and not getattr(impl, "WRITES_TILES", False):
+            # a kernel that addresses no tiles: a dense pair, then the tokens pages cover
             return self._apply_tiled(impl, name, staged, dest, num_kv_heads, head_dim)
         for plan, full, _ in staged.groups:
             impl.decompress(staged.buffer, staged.buffer if full else None, plan, dest)

@@ -16,6 +16,7 @@ from .plan import LayerPlan
 
 NAME = "torch"
 CHECKS_VALUES = True  # the reference codec's encode validates its input
+WRITES_TILES = True   # decompress writes through scatter_tokens, which takes tiled caches
 
 
 def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:

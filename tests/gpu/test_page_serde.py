@@ -53,6 +53,16 @@ def test_decode_into_cache(layout, stage):
         == "triton"
 
 
+def test_a_kernel_without_tiles_decodes_into_a_tiled_cache_through_a_dense_pair():
+    """vllm_cpu_amx (a CPU layout; here for the serde's path around a kernel that addresses no
+    tiles: decoded into a dense pair, then the tokens the pages cover scattered)."""
+    if CUDA:
+        pytest.skip("vllm_cpu_amx is a CPU cache layout")
+    for stage in ("anchor", "full"):
+        assert check_decode_into("lynx", "vllm_cpu_amx", stage, DEVICE, "triton", **SHAPE,
+                                 **SMALL) == "triton"
+
+
 def test_decode_one_stream_codec():
     check_decode_into("lynx-int8", "vllm_flash_nhd", "full", DEVICE, "triton", **SHAPE, **SMALL)
 

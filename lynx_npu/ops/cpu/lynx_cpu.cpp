@@ -63,6 +63,9 @@ struct Dest {  // see lynx_npu/ops/dest.py
   int64_t offset[2], s_block[2], s_token[2], s_head[2], s_dim[2];
   int64_t block_size;
   const int64_t* slots;  // nullptr: slot = token
+  // tiles (vllm_cpu_amx; 1 where untiled): token o of a block at (o / token_tile) * s_token_hi
+  // + (o % token_tile) * s_token, channel d at (d / dim_tile) * s_dim_hi + (d % dim_tile) * s_dim
+  int64_t token_tile[2], s_token_hi[2], dim_tile[2], s_dim_hi[2];
 };
 
 inline uint32_t fbits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
@@ -392,19 +395,58 @@ struct Where {
   const int64_t* slots;  // nullptr: slot = token
   int64_t bs, sb, so;
   int shift;             // log2(bs), or -1
+  int64_t qt, shi;       // the token tile (a power of two; 1: none) and its stride
+  int tshift;
   Where(const Dest& dst, int which)
       : slots(dst.slots), bs(dst.block_size), sb(dst.s_block[which]), so(dst.s_token[which]),
-        shift(-1) {
-    for (int k = 0; k < 63; ++k)
+        shift(-1), qt(dst.token_tile[which]), shi(dst.s_token_hi[which]), tshift(0) {
+    for (int k = 0; k < 63; ++k) {
       if ((int64_t(1) << k) == bs) shift = k;
+      if ((int64_t(1) << k) == qt) tshift = k;
+    }
   }
   inline int64_t operator()(int64_t tok) const {
     const int64_t slot = slots ? slots[tok] : tok;
     if (slot < 0) return -1;
-    if (shift >= 0) return (slot >> shift) * sb + (slot & (bs - 1)) * so;
-    return (slot / bs) * sb + (slot % bs) * so;
+    const int64_t b = shift >= 0 ? slot >> shift : slot / bs;
+    const int64_t o = shift >= 0 ? slot & (bs - 1) : slot % bs;
+    if (qt > 1) return b * sb + (o >> tshift) * shi + (o & (qt - 1)) * so;
+    return b * sb + o * so;
   }
 };
+
+// Where each channel of a row goes when the head_dim is tiled (empty when it is not):
+// off[d] = (d / dim_tile) * s_dim_hi + (d % dim_tile) * s_dim.
+struct DimTiles {
+  std::vector<int64_t> off;
+  int64_t run;  // channels written together: the tile when its channels are contiguous, else 1
+  DimTiles(const Dest& dst, int which, int64_t D) : run(1) {
+    const int64_t q = dst.dim_tile[which];
+    if (q <= 1) return;
+    off.resize(D);
+    for (int64_t d = 0; d < D; ++d)
+      off[d] = (d / q) * dst.s_dim_hi[which] + (d % q) * dst.s_dim[which];
+    if (dst.s_dim[which] == 1 && D % q == 0) run = q;
+  }
+  bool on() const { return !off.empty(); }
+};
+
+// Rows tile[i] to out + at[i] (at[i] < 0: skipped) through a tiled head_dim.
+template <typename raw>
+void put_rows_tiled(const raw* tile, const int64_t* at, int64_t n, int64_t D, raw* out,
+                    const DimTiles& dt) {
+  const int64_t* off = dt.off.data();
+  for (int64_t i = 0; i < n; ++i) {
+    if (at[i] < 0) continue;
+    raw* o = out + at[i];
+    const raw* src = tile + i * D;
+    if (dt.run > 1) {
+      for (int64_t d = 0; d < D; d += dt.run) std::memcpy(o + off[d], src + d, dt.run * sizeof(raw));
+    } else {
+      for (int64_t d = 0; d < D; ++d) o[off[d]] = src[d];
+    }
+  }
+}
 
 // Rows tile[i] (D values each) to out + at[i] (at[i] < 0: skipped), head_dim stride sd. Runs of
 // tokens in consecutive slots of a token-contiguous layout (s_token == 1: vLLM CPU's K) are
@@ -745,9 +787,12 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
   raw* out = reinterpret_cast<raw*>(dst.base[which]) + dst.offset[which] + h * dst.s_head[which];
   const int64_t sd = dst.s_dim[which];
   const Where where(dst, which);
+  const DimTiles dtl(dst, which, D);
   auto put = [&](int64_t at, const raw* src) {
     raw* o = out + at;
-    if (sd == 1)
+    if (dtl.on())
+      put_rows_tiled<raw>(src, &at, 1, D, out, dtl);
+    else if (sd == 1)
       std::memcpy(o, src, D * sizeof(raw));
     else
       for (int64_t d = 0; d < D; ++d) o[d * sd] = src[d];
@@ -762,7 +807,7 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
   if (tp == 0) return;
 #if defined(LYNX_AVX512)
   if (decompress_fast(p, tb)) {
-    decompress_body_avx512<Conv>(p, which, h, row, anchor, residual, dst, dec.t[which], s);
+    decompress_body_avx512<Conv>(p, which, h, row, anchor, residual, dst, dtl, dec.t[which], s);
     return;
   }
 #else
@@ -823,7 +868,10 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
       decode_row<Conv>(ia.data(), ir.data(), tb.levels, rb, ymax, sig.data(), mu.data(),
                        scale.data(), gmin.data(), tile + i * D, D);
     }
-    put_rows<raw>(tile, at, n, D, out, dst.s_token[which], sd);
+    if (dtl.on())
+      put_rows_tiled<raw>(tile, at, n, D, out, dtl);
+    else
+      put_rows<raw>(tile, at, n, D, out, dst.s_token[which], sd);
   }
 }
 

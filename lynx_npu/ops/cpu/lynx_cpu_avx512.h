@@ -813,7 +813,7 @@ void put_rows16(const raw* tile, const int64_t* at, int64_t n, int64_t D, raw* o
 template <typename Conv>
 void decompress_body_avx512(const Params& p, int which, int64_t h, const int64_t* row,
                             const uint8_t* anchor, const uint8_t* residual, const Dest& dst,
-                            const DecodeTables& dt, DScratch& s) {
+                            const DimTiles& dtl, const DecodeTables& dt, DScratch& s) {
   using raw = typename Conv::raw;
   const int64_t H = p.num_heads, D = p.head_dim, C = p.t[which].chunk;
   const bool token_axis = p.t[which].token_axis != 0;
@@ -826,11 +826,12 @@ void decompress_body_avx512(const Params& p, int which, int64_t h, const int64_t
   const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
   raw* out = reinterpret_cast<raw*>(dst.base[which]) + dst.offset[which] + h * dst.s_head[which];
   const int64_t sd = dst.s_dim[which];
+  const bool direct = sd == 1 && !dtl.on();  // rows straight into the destination
   const Where where(dst, which);
   constexpr int64_t kRows = 32;
   s.f.resize(5 * D);
   float *gmin = s.f.data(), *scale = gmin + D, *mu = scale + D, *sig = mu + D, *tmp = sig + D;
-  s.tile.resize(sd == 1 ? 0 : (kRows + 16) * D * sizeof(raw));  // + put_rows16's padding
+  s.tile.resize(direct ? 0 : (kRows + 16) * D * sizeof(raw));  // + put_rows16's padding
   raw* tile = reinterpret_cast<raw*>(s.tile.data());
   for (int64_t d = 0; d < D; ++d) tmp[d] = Conv::load(gamma[h * D + d]);
   for (int64_t g = 0; g < D; g += 32) deinterleave32(tmp + g, gmin + g, gmin + g + 16);
@@ -871,10 +872,12 @@ void decompress_body_avx512(const Params& p, int which, int64_t h, const int64_t
       }
       const int64_t e0 = (h * tp + t) * D;  // 4-bit codes: byte e0 / 2
       decode_row_44<Conv>(codes + e0 / 2, res ? res + e0 / 2 : nullptr, dt, lv, sig, mu, scale,
-                          gmin, token_axis, sd == 1 ? out + at[i] : tile + i * D, D);
+                          gmin, token_axis, direct ? out + at[i] : tile + i * D, D);
     }
-    if (sd == 1) continue;
-    if constexpr (sizeof(raw) == 2)
+    if (direct) continue;
+    if (dtl.on())
+      put_rows_tiled<raw>(tile, at, n, D, out, dtl);
+    else if constexpr (sizeof(raw) == 2)
       put_rows16<raw>(tile, at, n, D, out, dst.s_token[which], sd);
     else
       put_rows<raw>(tile, at, n, D, out, dst.s_token[which], sd);
