@@ -31,8 +31,8 @@ class Destination:
 
     @property
     def tiled(self) -> bool:
-        """K or V in tiles (vllm_cpu_amx): kernels write a dense pair, ``scatter_tokens`` the
-        cache."""
+        """K or V in tiles (vllm_cpu_amx): backends with ``WRITES_TILES`` write it, the others
+        a dense pair that ``scatter_tokens`` writes into the cache."""
         return self.k.tiled or self.v.tiled
 
 

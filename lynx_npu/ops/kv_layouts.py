@@ -12,8 +12,10 @@ lives at an affine element offset from its tensor's data pointer. A layout state
 * ``k_tiles`` / ``v_tiles``: axes split into tiles, ``(("token", 16), ("dim", 2))``: the token
   axis is then two axes in ``k_axes``, ``token_hi`` (which tile) and ``token_lo`` (the token
   in it), and likewise ``dim``: vLLM's AMX layout packs K as [block_size / 16][head_size / 2]
-  tiles of 16 tokens x 2 channels. Kernels address untiled targets only (``target_view``);
-  a tiled one is read and written by torch indexing (``take_tokens`` / ``put_tokens``).
+  tiles of 16 tokens x 2 channels. The CPU kernel writes tiled targets itself (its Dest
+  carries the tiles); the other kernels address untiled ones only (``target_view``), and
+  tiled ones are otherwise read and written by torch indexing (``take_tokens`` /
+  ``put_tokens`` / ``put_whole_blocks``).
 
 From these, :func:`resolve` computes the strides every backend uses; no backend branches on
 the layout's name. Sources: vLLM 0.32 ``v1/attention/backends/cpu_attn.py`` and

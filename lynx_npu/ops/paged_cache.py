@@ -7,8 +7,8 @@ slots, as vLLM does: token ``t`` of a request lives in slot ``slot_mapping[t]``,
 ``(block, offset) = divmod(slot, block_size)``; slots of negative value are padding.
 
 ``read`` / ``write`` move tokens with plain torch indexing (tests, and the fallback where no
-kernel reads the layout: a tiled one, vllm_cpu_amx); ``row_offsets`` is what a kernel with a
-fused gather reads instead.
+kernel reads the layout: a tiled one, vllm_cpu_amx, is read this way); ``row_offsets`` is what
+a kernel with a fused gather reads instead.
 """
 from __future__ import annotations
 
@@ -76,8 +76,8 @@ class PagedKVCache:
 
     @property
     def tiled(self) -> bool:
-        """K or V kept in tiles (vllm_cpu_amx): no kernel addresses it; tokens move by torch
-        indexing (``read_tokens``, ``write``)."""
+        """K or V kept in tiles (vllm_cpu_amx): read by torch indexing (``read_tokens``), written
+        by the CPU kernel or by torch indexing (``write``, dest.scatter_tokens)."""
         return is_tiled(self.layer(0))
 
     def layer(self, i: int) -> ResolvedCache:
