@@ -54,10 +54,10 @@ class KVCacheLayout:
         if sorted(flat) != sorted(need):
             raise ValueError(f"layout {self.name}: shape {self.shape} must name each of {need}")
         for axes, tiles in ((self.k_axes, self.k_tiles), (self.v_axes, self.v_tiles)):
-            split = {a for a, q in tiles if a in ("token", "dim") and q > 1}
+            split = {a for a, q in tiles if a in ("token", "dim") and q > 1 and not q & (q - 1)}
             if len(split) != len(tiles):
                 raise ValueError(f"layout {self.name}: tiles {tiles} must split token or dim, "
-                                 f"each once, into tiles of more than one")
+                                 f"each once, into tiles of a power of two above one")
             want = (need - split) | {f"{a}_{p}" for a in split for p in ("hi", "lo")}
             if sorted(axes) != sorted(want):
                 raise ValueError(f"layout {self.name}: axes {axes} must be a permutation of "

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from lynx_npu.ops import KV_CACHE_LAYOUTS
-from lynx_npu.ops.kv_layouts import put_tokens, resolve, take_tokens, target_view
+from lynx_npu.ops.kv_layouts import (KVCacheLayout, put_tokens, resolve, take_tokens,
+                                     target_view)
 
 B, N, H, D = 3, 16, 2, 8
 DIMS = {"vllm_cpu_amx": (B, 32, H, 32)}  # its tiles: 16 tokens (K), 16 channels (V)
@@ -58,6 +59,9 @@ def test_tiled_layouts_refuse_what_their_tiles_cannot_hold():
     rc = resolve(lay, lay.allocate(2, 32, 2, 32))
     with pytest.raises(ValueError, match="tiled cache target"):
         target_view(rc.k, 2, 32, 2, 32)
+    with pytest.raises(ValueError, match="tiles of a power of two above one"):
+        KVCacheLayout("x", "", False, lay.shape, lay.order, lay.k_axes, lay.v_axes,
+                      (("token", 12), ("dim", 2)), lay.v_tiles)
 
 
 def test_flash_nhd_is_a_permuted_tensor():
