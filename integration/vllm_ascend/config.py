@@ -27,8 +27,10 @@ each rule):
 """
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
+import hashlib
 import ipaddress
 import math
 import re
@@ -375,3 +377,22 @@ class TransferParams:
     def to_dict(self) -> dict:
         return {PARAMS_KEY: {k: v for k, v in dataclasses.asdict(self).items()
                              if v is not None and v is not False}}
+
+    def key(self, prompt_token_ids) -> int:
+        """The id this request's KV travels under: the transfer id bound to the prompt.
+
+        One client request can become several engine requests carrying the same
+        ``kv_transfer_params``: a list of prompts (``/v1/completions``) gives one per prompt,
+        ``n > 1`` one per sample. Keyed by the transfer id alone, prompt B's request would
+        load prompt A's KV (or none, and decode on whatever its blocks held). Keyed by (id,
+        prompt tokens), each prompt pairs with its own transfer on both instances, samples of
+        one prompt share one, and KV of another prompt can never be taken for this one."""
+        if prompt_token_ids is None:   # prompt embeddings: no tokens to bind to
+            return self.transfer_id
+        h = hashlib.blake2b(self.transfer_id.to_bytes(8, "little"), digest_size=8)
+        h.update(len(prompt_token_ids).to_bytes(8, "little"))
+        tokens = array.array("i", prompt_token_ids)   # int32: a 32K-token prompt in ~1 ms
+        if tokens.itemsize != 4:
+            raise RuntimeError("array('i') is not 32-bit here")
+        h.update(tokens.tobytes())   # little-endian on every host vLLM runs on
+        return int.from_bytes(h.digest(), "little") >> 1 or 1   # in [1, 2**63)

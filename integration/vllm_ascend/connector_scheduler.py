@@ -11,6 +11,8 @@ blocks. The refine and a lost residual arrive later through the workers' metadat
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 
 from .config import LynxConnectorConfig, TransferParams
 from .decode_state import LynxDecodeRequest, new_decode_request
@@ -36,6 +38,8 @@ class ConnectorScheduler:
         self.blocks = RequestBlocks()  # block ids of each request (producer)
         # producer
         self._to_save: dict[str, tuple[object, TransferParams]] = {}
+        # keys being saved or sent lately: the samples of one prompt (n > 1) send its KV once
+        self._saving: collections.OrderedDict[int, None] = collections.OrderedDict()
         # consumer
         self.decode: dict[str, LynxDecodeRequest] = {}
         self._loads: list[LoadJob] = []
@@ -48,15 +52,24 @@ class ConnectorScheduler:
         params = _params(request)
         if params is None:
             return
+        key = params.key(request.prompt_token_ids)
         if self.config.role == "producer":
-            self._to_save[request.request_id] = (request, params)
+            if key in self._saving:
+                log.debug("Lynx: request %s: transfer %d's prompt is sent already (another "
+                          "sample of it)", request.request_id, params.transfer_id)
+                return
+            self._saving[key] = None
+            while len(self._saving) > 4096:
+                self._saving.popitem(last=False)
+            self._to_save[request.request_id] = (request, dataclasses.replace(
+                params, transfer_id=key))
             self.blocks.follow(request.request_id)
         else:
             cap = self.config.max_drafts
             if params.max_drafts is not None:
                 cap = min(cap, params.max_drafts)
             self.decode[request.request_id] = new_decode_request(
-                request.request_id, params.transfer_id, self.world_size, cap)
+                request.request_id, params.transfer_id, key, self.world_size, cap)
 
     def build_meta(self, scheduler_output) -> LynxConnectorMeta:
         meta = LynxConnectorMeta()
@@ -120,7 +133,7 @@ class ConnectorScheduler:
         (block_ids,) = blocks.get_block_ids()
         lr.load_requested = True
         self._load_blocks[request.request_id] = tuple(block_ids)
-        self._loads.append(LoadJob(request.request_id, lr.transfer_id, tuple(block_ids),
+        self._loads.append(LoadJob(request.request_id, lr.transfer_key, tuple(block_ids),
                                    num_external_tokens, wait_full=lr.drafts.max_drafts == 0))
 
     def on_worker_output(self, output) -> None:

@@ -13,6 +13,12 @@ Because pages are decoded as they arrive, little is left when the anchor (or res
 A refine overlaps the step's forward; drafts that read a half-refined block are only different
 drafts, never wrong output: the refine is reported only once every full-precision page is
 written, and verification runs after that.
+
+Several requests can load one transfer: the samples of one prompt (``n > 1``) share its
+transfer key (``TransferParams.key``). Each page is then decoded into every one's blocks, from
+one read of the stream's state per step, so all of them see the same stages. A request that
+comes after the transfer's first pages were decoded (or after one of them was started early)
+cannot be given those pages again and recomputes its prompt locally.
 """
 from __future__ import annotations
 
@@ -98,6 +104,25 @@ class _Transfer:
     anchor_in_at_poll: bool = False    # the whole anchor had arrived when this step began
 
 
+@dataclass
+class _Stream:
+    """One transfer and the requests that load it (more than one: samples of one prompt)."""
+    handle: object                     # lynx_npu.transport.ReceiveHandle
+    followers: list[str]
+    taken: bool = False                # pages were taken from the inbox: a new follower would
+    #                                    miss them
+
+
+@dataclass(frozen=True)
+class _State:
+    """A stream's state, read once per step for all its requests (before its pages are taken:
+    a stage's pages are all in the inbox before its event is set)."""
+    anchor: bool
+    full: bool
+    error: object
+    residual_error: object
+
+
 class ConsumerWorker:
     def __init__(self, config: LynxConnectorConfig, rank: int, world_size: int):
         self.config, self.rank, self.world_size = config, rank, world_size
@@ -106,6 +131,7 @@ class ConsumerWorker:
         self.kv: PagedKVCache | None = None
         self.decoded_by: set[str] = set()   # the backends that decoded pages (logged once)
         self._transfers: dict[str, _Transfer] = {}
+        self._streams: dict[int, _Stream] = {}   # by transfer key
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lynx-copy")
         self._jobs: list[tuple[str, str, concurrent.futures.Future]] = []
         self._meta = LynxWorkerMeta()
@@ -122,13 +148,14 @@ class ConsumerWorker:
         """Receiver slots held now (transfers in progress); the stats' gauge of that name. The
         Mooncake receiver keeps no slot count: there, the transfers this worker follows."""
         n = getattr(self.receiver, "num_active_requests", None)
-        return len(self._transfers) if n is None else n
+        return len(self._streams) if n is None else n
 
     def leak_state(self) -> dict:
         """What this worker still holds for Lynx requests (all empty when none is in flight):
         receiver slots, transfers followed, pages waiting in the inbox, copy jobs."""
         return {"receiver_active_requests": self.receiver_active_requests,
                 "transfers": {rid: t.stage for rid, t in self._transfers.items()},
+                "streams": {key: list(s.followers) for key, s in self._streams.items()},
                 "inbox": self.inbox.num_transfers(), "jobs": len(self._jobs)}
 
     def register(self, kv: PagedKVCache) -> None:
@@ -144,7 +171,7 @@ class ConsumerWorker:
         for job in loads:
             log.debug("Lynx: %s waits for transfer %d (%d tokens)", job.req_id, job.transfer_id,
                       job.num_tokens)
-            self._transfers[job.req_id] = _Transfer(job, self.receiver.request(job.transfer_id))
+            self._follow(job)
         self._poll()
         self._early_now = [rid for rid in scheduled_early
                            if rid in self._transfers and self._transfers[rid].early]
@@ -177,6 +204,7 @@ class ConsumerWorker:
             pages = self.inbox.take_layer(t.job.transfer_id, layer)
             if not pages:
                 continue
+            self._streams[t.job.transfer_id].taken = True
             error = self._pool.submit(self._write, t.job, t.handle.serde, t.handle.dtype,
                                       pages).exception()
             if error is not None:
@@ -204,51 +232,70 @@ class ConsumerWorker:
         return None if meta.empty() else meta
 
     # -- internals -----------------------------------------------------------------------------
+    def _follow(self, job: LoadJob) -> None:
+        stream = self._streams.get(job.transfer_id)
+        if stream is None:
+            stream = self._streams[job.transfer_id] = _Stream(
+                self.receiver.request(job.transfer_id), [])
+        stream.followers.append(job.req_id)
+        self._transfers[job.req_id] = _Transfer(job, stream.handle)
+        if stream.taken or any(self._transfers[rid].early or self._transfers[rid].stage != "waiting"
+                               for rid in stream.followers[:-1]):
+            self._fail_load(job.req_id, f"transfer {job.transfer_id} is already being decoded "
+                                        f"into another request's blocks (a sample of the same "
+                                        f"prompt that started first)")
+
     def _poll(self) -> None:
         now = time.monotonic()
-        for req_id, t in list(self._transfers.items()):
-            h = t.handle
-            if t.stage == "waiting":
-                full = h.residual_ready.is_set()
-                # No drafting allowed (max_drafts 0): start only on the full-precision KV.
-                ready = h.anchor_ready.is_set() and (full or not t.job.wait_full)
-                if not ready and h.error is not None:
-                    self._fail_load(req_id, f"transfer failed before its anchor: {h.error}")
-                    continue
-                what = ("full" if full else "anchor") if ready else (
-                    "early" if self._may_start_early(t, now) else "progress")
+        for key, stream in list(self._streams.items()):
+            h = stream.handle
+            full = h.residual_ready.is_set()   # first: a full stream has its anchor
+            state = _State(h.anchor_ready.is_set(), full, h.error, h.residual_ready.error)
+            pages = self.inbox.take(key)
+            stream.taken = stream.taken or bool(pages)
+            for req_id in list(stream.followers):
+                self._poll_one(req_id, self._transfers[req_id], state, pages, now)
+
+    def _poll_one(self, req_id: str, t: _Transfer, state: _State, pages: list[Page],
+                  now: float) -> None:
+        h = t.handle
+        if t.stage == "waiting":
+            # No drafting allowed (max_drafts 0): start only on the full-precision KV.
+            ready = state.anchor and (state.full or not t.job.wait_full)
+            if not ready and state.error is not None:
+                self._fail_load(req_id, f"transfer failed before its anchor: {state.error}")
+                return
+            what = ("full" if state.full else "anchor") if ready else (
+                "early" if self._may_start_early(t, now) else "progress")
+        else:
+            t.anchor_in_at_poll = state.anchor
+            if not state.full and state.residual_error is not None:
+                self._lose(req_id, f"residual transfer failed: {state.residual_error}")
+                return
+            if not state.full and now - t.anchor_ready_at > self.config.residual_timeout_s:
+                self._lose(req_id, f"residual not complete {self.config.residual_timeout_s}"
+                                   f" s after the anchor ({h.progress()})")
+                return
+            what = "refine" if state.full else "progress"
+        if what != "progress" and h.num_tokens != t.job.num_tokens:
+            error = (f"transfer {t.job.transfer_id} carries {h.num_tokens} tokens, the "
+                     f"request expects {t.job.num_tokens}")
+            if what == "refine":
+                self._lose(req_id, error)
             else:
-                t.anchor_in_at_poll = h.anchor_ready.is_set()
-                full = h.residual_ready.is_set()
-                if not full and h.residual_ready.error is not None:
-                    self._lose(req_id, f"residual transfer failed: {h.residual_ready.error}")
-                    continue
-                if not full and now - t.anchor_ready_at > self.config.residual_timeout_s:
-                    self._lose(req_id, f"residual not complete {self.config.residual_timeout_s}"
-                                       f" s after the anchor ({h.progress()})")
-                    continue
-                what = "refine" if full else "progress"
-            # Take the pages after reading the events: a stage's pages are all in the inbox
-            # before its event is set.
-            pages = self.inbox.take(t.job.transfer_id)
-            if what != "progress" and h.num_tokens != t.job.num_tokens:
-                error = (f"transfer {t.job.transfer_id} carries {h.num_tokens} tokens, the "
-                         f"request expects {t.job.num_tokens}")
-                if what == "refine":
-                    self._lose(req_id, error)
-                else:
-                    self._fail_load(req_id, error)
-                continue
-            if pages or what != "progress":
-                self._jobs.append((req_id, what, self._pool.submit(self._write, t.job, h.serde,
-                                                                   h.dtype, pages)))
+                self._fail_load(req_id, error)
+            return
+        if pages or what != "progress":
+            self._jobs.append((req_id, what, self._pool.submit(self._write, t.job, h.serde,
+                                                               h.dtype, pages)))
 
     def _may_start_early(self, t: _Transfer, now: float) -> bool:
         """A split-stream transfer whose anchor is expected within ``early_start_s``: its
         request may be scheduled now, its first forward waiting layer by layer for the rest."""
         h = t.handle
-        if self.config.early_start_s <= 0 or t.job.wait_full or not h.two_stream:
-            return False
+        if (self.config.early_start_s <= 0 or t.job.wait_full or not h.two_stream
+                or len(self._streams[t.job.transfer_id].followers) > 1):
+            return False  # (a shared stream's pages go to all its requests in whole steps)
         # Not before half of it is in: the link's first burst (a paced sender's bucket
         # starts full) makes the early rate look far higher than the link's.
         if h.anchor_share() < 0.5:
@@ -334,8 +381,13 @@ class ConsumerWorker:
         if report_recving and t.stage == "waiting":
             # vLLM holds a waiting request's blocks until its load is reported finished.
             self._finished_recving.add(req_id)
-        self.inbox.close(t.job.transfer_id)
-        self.receiver.release(t.job.transfer_id)
+        key = t.job.transfer_id
+        stream = self._streams[key]
+        stream.followers.remove(req_id)
+        if not stream.followers:
+            del self._streams[key]
+            self.inbox.close(key)
+            self.receiver.release(key)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -18,7 +18,8 @@ from .messages import LoadReport, RefineReport
 @dataclass
 class LynxDecodeRequest:
     req_id: str
-    transfer_id: int
+    transfer_id: int                  # the client's (reported back)
+    transfer_key: int                 # what the KV travels under (TransferParams.key)
     world_size: int
     drafts: DraftState
     load_requested: bool = False      # blocks allocated and the load sent to the workers
@@ -88,7 +89,7 @@ class LynxDecodeRequest:
         return out
 
 
-def new_decode_request(req_id: str, transfer_id: int, world_size: int,
+def new_decode_request(req_id: str, transfer_id: int, transfer_key: int, world_size: int,
                        max_drafts: int) -> LynxDecodeRequest:
-    return LynxDecodeRequest(req_id, transfer_id, world_size,
+    return LynxDecodeRequest(req_id, transfer_id, transfer_key, world_size,
                              DraftState(req_id, max_drafts=max_drafts))

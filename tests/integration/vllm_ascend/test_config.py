@@ -45,6 +45,19 @@ def test_transfer_params():
     assert TransferParams.from_request(t.to_dict()) == t
 
 
+def test_transfer_key_binds_the_id_to_the_prompt():
+    t, prompt = TransferParams(7), list(range(1000, 1300))
+    key = t.key(prompt)
+    assert 0 < key < 2**63 and key != 7
+    assert t.key(list(prompt)) == key == TransferParams(7, codec="int8").key(prompt)
+    others = [t.key(prompt[:-1]), t.key(prompt[:-1] + [1]), t.key(prompt[::-1]),
+              TransferParams(8).key(prompt), t.key([]), t.key(prompt + [0])]
+    assert len({key, *others}) == 1 + len(others)   # any other token or id: another key
+    assert t.key(None) == 7   # prompt embeddings: the id alone
+    # what the producer's and the consumer's vLLM requests hold: lists of ints, or tuples
+    assert t.key(tuple(prompt)) == key
+
+
 @pytest.mark.parametrize("raw, match", [
     ({"lynx": {}}, "transfer_id"),
     ({"lynx": {"transfer_id": 0}}, "transfer_id"),

@@ -10,7 +10,7 @@ from lynx_npu.integration.vllm_ascend.messages import (LoadReport, LynxWorkerMet
 
 
 def test_anchor_then_residual_with_two_ranks():
-    lr = new_decode_request("r", 9, world_size=2, max_drafts=4)
+    lr = new_decode_request("r", 9, 9, world_size=2, max_drafts=4)
     lr.on_load_report(LoadReport("anchor", 1.0, 2.0, 2.1, count=2))
     lr.start_decoding()
     assert lr.phase is Phase.DRAFTING and not lr.residual_in_cache
@@ -21,7 +21,7 @@ def test_anchor_then_residual_with_two_ranks():
 
 
 def test_full_load_decodes_exactly_at_once():
-    lr = new_decode_request("r", 9, world_size=1, max_drafts=4)
+    lr = new_decode_request("r", 9, 9, world_size=1, max_drafts=4)
     lr.on_load_report(LoadReport("full", 1.0, 2.0, 2.1))
     lr.start_decoding()
     assert lr.phase is Phase.EXACT
@@ -31,7 +31,7 @@ def test_full_load_decodes_exactly_at_once():
 
 
 def test_refined_before_any_draft_needs_no_verification():
-    lr = new_decode_request("r", 9, world_size=1, max_drafts=4)
+    lr = new_decode_request("r", 9, 9, world_size=1, max_drafts=4)
     lr.on_load_report(LoadReport("anchor", 1.0, 2.0, 2.1))
     lr.start_decoding()
     lr.on_refine_report(RefineReport(2.5, 2.6))
@@ -57,7 +57,7 @@ def test_worker_meta_aggregates_ranks():
 
 
 def test_a_request_started_early_reports_its_anchor_when_it_was_all_in():
-    lr = new_decode_request("r", 9, world_size=1, max_drafts=4)
+    lr = new_decode_request("r", 9, 9, world_size=1, max_drafts=4)
     lr.on_load_report(LoadReport("anchor", 1.0, 2.0, 2.0, early=True))
     lr.start_decoding()
     assert lr.stats()["early_start"] and lr.stats()["anchor_ready_at"] == 2.0

@@ -107,7 +107,7 @@ def _assert_released(pair, baseline, timeout_s: float = 20.0) -> dict:
         prefill_threads = pair.prefill.collective_rpc(lynx_threads)[0]
         blocks_free = pair.decode.reset_prefix_cache()
         held = {k: state[k] for k in ("receiver_active_requests", "gauge", "transfers",
-                                      "inbox", "jobs", "runner") if state[k]}
+                                      "streams", "inbox", "jobs", "runner") if state[k]}
         if (not held and blocks_free and state["threads"] == baseline["decode"]
                 and prefill_threads == baseline["prefill"]):
             return state

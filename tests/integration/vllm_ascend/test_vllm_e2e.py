@@ -109,3 +109,48 @@ def test_lost_residual_recomputes_locally(pair, prompts):
     run = pair.run(prompts[1], "lynx", max_tokens=16, drop_residual=True)
     assert run.stats["residual_lost"] and run.stats["phase"] == "recompute"
     assert run.tokens == local.tokens  # exact: the prompt was recomputed on this instance
+
+
+def _samples(pair, prompt: list[int], n: int, prefill_n: int, tid: int):
+    """Drive both engines with one request of ``n`` samples on the decode instance (vLLM makes
+    one engine request per sample, each with the request's kv_transfer_params) and ``prefill_n``
+    on the prefill instance (a router that passes ``n`` on). top_k 1: every sample is the
+    greedy choice. -> the decode request's final output."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    def params(n, max_tokens, lynx):
+        return SamplingParams(n=n, temperature=0.7, top_k=1, max_tokens=max_tokens,
+                              ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY,
+                              extra_args={"kv_transfer_params": {"lynx": lynx}})
+
+    dec, pre = pair.decode.llm_engine, pair.prefill.llm_engine
+    dec.add_request(f"d-samples-{tid}", {"prompt_token_ids": list(prompt)},
+                    params(n, MAX_TOKENS, {"transfer_id": tid}))
+    pre.add_request(f"p-samples-{tid}", {"prompt_token_ids": list(prompt)},
+                    params(prefill_n, 1, {"transfer_id": tid, "codec": "lynx"}))
+    final = None
+    while dec.has_unfinished_requests() or pre.has_unfinished_requests():
+        if pre.has_unfinished_requests():
+            pre.step()
+        if dec.has_unfinished_requests():
+            for out in dec.step():
+                if out.finished:
+                    final = out
+    return final
+
+
+@pytest.mark.parametrize("prefill_n", [1, 3])
+def test_samples_of_one_prompt_each_decode_on_its_kv(pair, data_dir, prefill_n):
+    # Before the transfer key only the first sample got the KV; the others decoded on whatever
+    # their blocks last held (another request's KV), and said so nowhere. So the prompt is one
+    # this pair never computed before (not the other tests'), and its reference comes after.
+    prompt = load_prompts(pair.tokenizer, 5, 700, data_dir / "qmsum" / "val.jsonl")[
+        3 + prefill_n // 3].token_ids     # prompts 3 and 4
+    out = _samples(pair, prompt, 3, prefill_n, tid=7_000 + prefill_n)
+    reference = pair.run(prompt, "lynx-int8", max_tokens=MAX_TOKENS)
+    assert sorted(c.index for c in out.outputs) == [0, 1, 2]
+    for c in out.outputs:
+        assert list(c.token_ids) == reference.tokens, c.index
+    stats = out.kv_transfer_params["lynx"]
+    assert stats["stage"] == "anchor" and stats["phase"] == "exact"  # from the transfer

@@ -83,8 +83,11 @@ class OpenAIPair:
 
     def chat(self, body: dict, timeout: float = 900.0) -> dict:
         """POST a non-streaming chat request through the proxy; the parsed JSON response."""
-        req = urllib.request.Request(self.url("proxy") + "/v1/chat/completions",
-                                     data=json.dumps(body).encode(),
+        return self.post("/v1/chat/completions", body, timeout)
+
+    def post(self, path: str, body: dict, timeout: float = 900.0) -> dict:
+        """POST a non-streaming request through the proxy; the parsed JSON response."""
+        req = urllib.request.Request(self.url("proxy") + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())

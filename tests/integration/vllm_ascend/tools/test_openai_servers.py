@@ -44,7 +44,8 @@ def servers(model_dir, tmp_path_factory):
 def prompts(model_dir, data_dir):
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    return [p.content for p in load_prompts(tokenizer, 2, PROMPT_TOKENS,
+    # the third is only for the samples test: no request before it computes its KV
+    return [p.content for p in load_prompts(tokenizer, 3, PROMPT_TOKENS,
                                             data_dir / "qmsum" / "val.jsonl")]
 
 
@@ -85,6 +86,42 @@ def test_streaming_chat_equals_full_cache_reference(servers, prompts, references
                    for c in chunks if c.get("choices"))
     assert text == references[1]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    servers.check_alive("decode")
+
+
+def test_samples_of_one_prompt_each_get_its_kv(servers, prompts, references):
+    # n > 1: vLLM makes one engine request per sample, all with the same kv_transfer_params.
+    # Every sample must decode on the prompt's KV (before the transfer key, only the first
+    # did; the others read whatever their blocks last held: so the prompt is one this server
+    # never computed before, and its reference comes after). top_k 1 makes sampling the
+    # greedy choice, so each sample must equal the greedy full-cache reference.
+    r = servers.chat(dict(_body(servers, prompts[2]), n=3, temperature=0.7, top_k=1))
+    reference = servers.chat(_body(servers, prompts[2], codec="lynx-int8"))
+    assert sorted(c["index"] for c in r["choices"]) == [0, 1, 2]
+    for choice in r["choices"]:
+        assert choice["message"]["content"] == reference["choices"][0]["message"]["content"], \
+            choice["index"]
+    assert r["kv_transfer_params"]["lynx"]["stage"] == "anchor"
+    servers.check_alive("decode")
+
+
+def test_prompt_list_pairs_each_prompt_with_its_own_kv(servers, model_dir):
+    # /v1/completions with a list of prompts: one engine request per prompt on both servers,
+    # all with one transfer id. Prompts of equal length used to take each other's KV.
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    cities = ("France", "Japan", "Egypt", "Peru")
+    prompts = [f"Question: which city is the capital of {c}? Answer: The capital of {c} is"
+               for c in cities]
+    assert len({len(tokenizer(p)["input_ids"]) for p in prompts}) == 1  # equal lengths
+    body = {"model": servers.deployment.model, "max_tokens": 12, "temperature": 0.0,
+            "ignore_eos": True}
+    expected = [servers.post("/v1/completions", dict(body, prompt=p, kv_transfer_params={
+        "lynx": {"codec": "lynx-int8"}}))["choices"][0]["text"] for p in prompts]
+    assert len(set(expected)) > 1  # the answers differ: a swapped cache would show
+    r = servers.post("/v1/completions", dict(body, prompt=prompts))
+    got = {c["index"]: c["text"] for c in r["choices"]}
+    assert [got[i] for i in range(len(prompts))] == expected
     servers.check_alive("decode")
 
 
