@@ -56,7 +56,10 @@ def split_request(body: dict, transfer_id: int) -> tuple[dict, dict]:
     prefill.pop("stream_options", None)
     if "max_completion_tokens" in prefill:
         prefill["max_completion_tokens"] = 1
-    prefill.pop("n", None)
+    prefill.pop("n", None)        # one prefill for all samples (they share its transfer)
+    # vLLM refuses min_tokens > max_tokens: a 400 there made every such request compute its
+    # prompt on the decode server (the fallback below), silently.
+    prefill.pop("min_tokens", None)
     return prefill, decode
 
 

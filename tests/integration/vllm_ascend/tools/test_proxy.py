@@ -22,12 +22,15 @@ web = pytest.importorskip("aiohttp.web")
 
 def test_split_chat_request():
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-            "stream_options": {"include_usage": True}, "max_completion_tokens": 64, "n": 1}
+            "stream_options": {"include_usage": True}, "max_completion_tokens": 64, "n": 2,
+            "min_tokens": 30}
     pre, dec = split_request(body, 42)
     assert pre["messages"] == dec["messages"] == body["messages"]
     assert pre["max_tokens"] == pre["max_completion_tokens"] == 1 and pre["stream"] is False
-    assert "stream_options" not in pre and "n" not in pre
+    # what vLLM would refuse beside max_tokens 1 (min_tokens), or fan out (n)
+    assert "stream_options" not in pre and "n" not in pre and "min_tokens" not in pre
     assert dec["stream"] is True and dec["max_completion_tokens"] == 64
+    assert dec["n"] == 2 and dec["min_tokens"] == 30
     for b in (pre, dec):
         assert TransferParams.from_request(b["kv_transfer_params"]).transfer_id == 42
     assert "kv_transfer_params" not in body  # the client's body is not modified
