@@ -126,23 +126,26 @@ class Flight:
     prefills itself."""
 
     def __init__(self, pair, prompt, *, max_tokens=MAX_TOKENS, max_drafts=None, prefill=True,
-                 drop_residual=False, lynx=True, withhold_layers=0):
+                 drop_residual=False, lynx=True, withhold_layers=0, n=1):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         self.pair, self.rid, tid = pair, f"fail-{next(_ids)}", next(_ids)
         self.tokens, self.finished, self.finish_reason, self.stats = [], False, None, {}
+        self.samples: dict[int, list[int]] = {}   # n > 1: each sample's tokens
         self_lynx, lynx = lynx, {"transfer_id": tid}
         if max_drafts is not None:
             lynx["max_drafts"] = max_drafts
 
-        def params(n, extra):
-            return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
-                                  output_kind=RequestOutputKind.DELTA,
+        def params(max_tokens, extra, n=1):
+            # n > 1 needs sampling; top_k 1 keeps each sample the greedy choice
+            return SamplingParams(n=n, temperature=0.7 if n > 1 else 0.0,
+                                  top_k=1 if n > 1 else 0, max_tokens=max_tokens,
+                                  ignore_eos=True, output_kind=RequestOutputKind.DELTA,
                                   extra_args=None if extra is None else
                                   {"kv_transfer_params": {"lynx": extra}})
         pair.decode.llm_engine.add_request(self.rid, {"prompt_token_ids": list(prompt)},
-                                           params(max_tokens, lynx if self_lynx else None))
+                                           params(max_tokens, lynx if self_lynx else None, n))
         if prefill and self_lynx:
             sent = {**lynx, "codec": "lynx"}
             if drop_residual:
@@ -189,6 +192,8 @@ def _drive(pair, flights, timeout_s: float = 120.0, until=None) -> None:
                 if f is None:
                     continue
                 f.tokens += list(out.outputs[0].token_ids)
+                for c in out.outputs:
+                    f.samples.setdefault(c.index, []).extend(c.token_ids)
                 if out.finished:
                     f.finished, f.finish_reason = True, out.outputs[0].finish_reason
                     f.stats = dict((out.kv_transfer_params or {}).get("lynx", {}))
@@ -273,6 +278,28 @@ def test_prefill_transport_restart_mid_transfer(setup):
     again = pair.run(prompts[5], "lynx", max_tokens=MAX_TOKENS)
     assert again.stats["stage"] == "anchor" and not again.stats["residual_lost"], again.stats
     assert again.tokens == full[5]
+    _assert_released(pair, baseline)
+
+
+# -- 3b. samples of one prompt share its transfer ----------------------------------------------
+def test_samples_share_one_transfer_and_release_it(setup):
+    """n = 2: two decode requests follow one transfer (its key); each page goes into both
+    one's blocks; the receiver slot and the inbox are given back only when the last of them is
+    done, and then nothing is left."""
+    pair, prompts, full, local, baseline = setup
+    f = Flight(pair, prompts[4], n=2)
+    deadline = time.monotonic() + 30.0   # bound: one stream, two followers (the engines run
+    state = _stages(pair)                 # on their own; the link takes seconds)
+    while not any(len(v) == 2 for v in state["streams"].values()):
+        assert time.monotonic() < deadline, f"the samples never shared a stream: {state}"
+        time.sleep(0.05)
+        state = _stages(pair)
+    (followers,) = state["streams"].values()
+    assert sorted(r.split("_")[0] for r in followers) == ["0", "1"]
+    _drive(pair, [f])
+    assert sorted(f.samples) == [0, 1]
+    for tokens in f.samples.values():
+        assert tokens == full[4]
     _assert_released(pair, baseline)
 
 
