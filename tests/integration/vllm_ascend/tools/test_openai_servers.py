@@ -125,6 +125,28 @@ def test_prompt_list_pairs_each_prompt_with_its_own_kv(servers, model_dir):
     servers.check_alive("decode")
 
 
+def test_logprobs_penalties_and_min_tokens_equal_full_cache_reference(servers, prompts):
+    # What else a client sends: logprobs (drafts' values come from the verification pass),
+    # penalties (over output tokens that drafts were part of), and min_tokens, which the
+    # prefill copy used to keep: vLLM refused it beside max_tokens 1 and the request then
+    # computed its prompt on the decode server, with no transfer at all.
+    extra = dict(logprobs=True, top_logprobs=2, repetition_penalty=1.3, frequency_penalty=0.5,
+                 presence_penalty=0.3, min_tokens=MAX_TOKENS // 2)
+    lynx = servers.chat(dict(_body(servers, prompts[1]), **extra))
+    ref = servers.chat(dict(_body(servers, prompts[1], codec="lynx-int8"), **extra))
+    stats = lynx["kv_transfer_params"]["lynx"]
+    assert stats["stage"] == "anchor" and stats["drafts_proposed"] > 0   # transferred, drafted
+    assert ref["kv_transfer_params"]["lynx"]["stage"] == "full"
+    got, want = (r["choices"][0] for r in (lynx, ref))
+    assert got["message"]["content"] == want["message"]["content"]
+    lp, lp_ref = got["logprobs"]["content"], want["logprobs"]["content"]
+    assert [t["token"] for t in lp] == [t["token"] for t in lp_ref]
+    assert len(lp) == MAX_TOKENS
+    for a, b in zip(lp, lp_ref):
+        assert abs(a["logprob"] - b["logprob"]) < 1e-3, (a, b)
+        assert [t["token"] for t in a["top_logprobs"]] == [t["token"] for t in b["top_logprobs"]]
+
+
 def test_decode_server_healthy_with_lynx_counters_on_metrics(servers, references):
     # Runs after the Lynx requests above (pytest keeps file order).
     for role in ("decode", "prefill"):
