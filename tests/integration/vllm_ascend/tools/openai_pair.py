@@ -1,6 +1,7 @@
 """Start a documented Lynx deployment (two vLLM OpenAI servers and the proxy) as real processes,
 and talk to it over HTTP. The command lines are serve_commands.commands() of the doc's ``cpu``
-deployment with only the model path and the ports changed."""
+deployment with only the model path, the ports and (where a test asks) the emulated link rate
+changed."""
 from __future__ import annotations
 
 import json
@@ -23,7 +24,8 @@ class ServerDied(RuntimeError):
 
 
 class OpenAIPair:
-    def __init__(self, model: str, log_dir, start_timeout_s: float = 600.0):
+    def __init__(self, model: str, log_dir, start_timeout_s: float = 600.0,
+                 gbps: float | None = None):
         ports = set()
         while len(ports) < 4:
             ports.add(free_port())
@@ -31,6 +33,8 @@ class OpenAIPair:
         self.deployment: Deployment = replace(DOC_DEPLOYMENTS["cpu"], model=model,
                                               prefill_port=p, decode_port=d, proxy_port=x,
                                               receiver_port=r)
+        if gbps is not None:
+            self.deployment = replace(self.deployment, gbps=gbps)
         env = dict(os.environ, **dict(self.deployment.env))
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         self.logs = {}

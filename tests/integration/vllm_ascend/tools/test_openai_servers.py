@@ -1,6 +1,7 @@
-"""The documented deployment, as a user runs it: two vLLM OpenAI servers started with exactly the
-command lines of docs/deploy.md (serve_commands.py; vLLM's statistics logging left on, its
-default) and the proxy in front, long real chat prompts through the proxy, streaming and not.
+"""The documented deployment, as a user runs it: two vLLM OpenAI servers started with the command
+lines of docs/deploy.md (serve_commands.py; vLLM's statistics logging left on, its default;
+only the emulated link is slower) and the proxy in front, long real chat prompts through the
+proxy, streaming and not.
 
 Each Lynx answer must equal the full-cache reference (the same prompt sent with the one-stream
 ``lynx-int8`` codec, which decodes from the full-precision cache without drafting), the Lynx
@@ -23,6 +24,11 @@ pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 32
 PROMPT_TOKENS = 1400
+# The documented deployment emulates 0.2 Gbps: on these prompts the residual is in the cache
+# ~0.4 s after the anchor, and the first draft takes 0.1-0.25 s here; a loaded 2-core CI box
+# once drafted nothing (CI, 2026-11-29). At 0.05 Gbps the residual trails the anchor by ~1.6 s
+# (0.02: 4.0 s measured), so the drafts these tests verify are made on every machine.
+LINK_GBPS = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +41,8 @@ def model_dir():
 
 @pytest.fixture(scope="module")
 def servers(model_dir, tmp_path_factory):
-    pair = OpenAIPair(str(model_dir), tmp_path_factory.mktemp("openai_servers"))
+    pair = OpenAIPair(str(model_dir), tmp_path_factory.mktemp("openai_servers"),
+                      gbps=LINK_GBPS)
     yield pair
     pair.close()
 
@@ -75,7 +82,7 @@ def test_non_streaming_chat_equals_full_cache_reference(servers, prompts, refere
     assert r["usage"]["completion_tokens"] == MAX_TOKENS
     # The anchor really was used: drafts were made on it and verified in one step, which is
     # the step that crashed vLLM's spec-decoding statistics (issue 21).
-    assert stats["stage"] == "anchor" and stats["drafts_proposed"] > 0
+    assert stats["stage"] == "anchor" and stats["drafts_proposed"] > 0, stats
     assert stats["verifications"] == 1
     servers.check_alive("decode")
 
@@ -135,7 +142,7 @@ def test_logprobs_penalties_and_min_tokens_equal_full_cache_reference(servers, p
     lynx = servers.chat(dict(_body(servers, prompts[1]), **extra))
     ref = servers.chat(dict(_body(servers, prompts[1], codec="lynx-int8"), **extra))
     stats = lynx["kv_transfer_params"]["lynx"]
-    assert stats["stage"] == "anchor" and stats["drafts_proposed"] > 0   # transferred, drafted
+    assert stats["stage"] == "anchor" and stats["drafts_proposed"] > 0, stats  # drafted
     assert ref["kv_transfer_params"]["lynx"]["stage"] == "full"
     got, want = (r["choices"][0] for r in (lynx, ref))
     assert got["message"]["content"] == want["message"]["content"]
