@@ -75,7 +75,7 @@ class LynxConnector(KVConnectorBase):
             for req_id in connector_metadata.releases:
                 self._load_blocks.pop(req_id, None)
             self.worker.bind(connector_metadata.loads, connector_metadata.releases,
-                             connector_metadata.scheduled_early)
+                             connector_metadata.scheduled_early, connector_metadata.discards)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         return None  # loads start at bind and run beside the forward (consumer_worker.py)

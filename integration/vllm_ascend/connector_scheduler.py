@@ -32,6 +32,10 @@ def _params(request) -> TransferParams | None:
         return None
 
 
+def _wants_prompt_logprobs(request) -> bool:
+    return getattr(request.sampling_params, "prompt_logprobs", None) is not None
+
+
 class ConnectorScheduler:
     def __init__(self, config: LynxConnectorConfig, world_size: int):
         self.config, self.world_size = config, world_size
@@ -45,6 +49,7 @@ class ConnectorScheduler:
         self._loads: list[LoadJob] = []
         self._load_blocks: dict[str, tuple[int, ...]] = {}  # blocks of each requested load
         self._releases: list[str] = []
+        self._discards: list[int] = []   # transfer keys no request will load
         self.stats = LynxStats()  # this interval's counters, taken by vLLM every step
 
     # -- both -------------------------------------------------------------------------------
@@ -78,6 +83,7 @@ class ConnectorScheduler:
             meta.saves = self._completed_prompts(scheduler_output)
         meta.loads, self._loads = self._loads, []
         meta.releases, self._releases = self._releases, []
+        meta.discards, self._discards = self._discards, []
         meta.scheduled_early = [rid for rid in scheduler_output.num_scheduled_tokens
                                 if (lr := self.decode.get(rid)) is not None
                                 and lr.loaded is not None and lr.loaded.early]
@@ -93,6 +99,8 @@ class ConnectorScheduler:
             return False, None
         if lr.load_requested:
             self._releases.append(rid)
+        elif all(other.transfer_key != lr.transfer_key for other in self.decode.values()):
+            self._discards.append(lr.transfer_key)   # (samples of its prompt may still load it)
         return False, {"lynx": lr.stats()}
 
     # -- producer ------------------------------------------------------------------------------
@@ -121,6 +129,14 @@ class ConnectorScheduler:
     def num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         lr = self.decode.get(request.request_id)
         num_tokens = request.num_prompt_tokens - 1
+        if lr is not None and lr.lost is None and _wants_prompt_logprobs(request):
+            # Prompt logprobs come from the prompt's forward, which a load skips: vLLM 0.32
+            # refuses the load for them (its transfer then lay in the inbox for good), 0.23
+            # loads it and its scheduler asserts (EngineDeadError): compute the prompt here.
+            lr.lost = "prompt logprobs need the prompt computed on this instance"
+            lr.drafts.on_residual_lost()
+            log.info("Lynx: request %s: %s; its transfer is dropped", request.request_id,
+                     lr.lost)
         if (lr is None or lr.load_requested or num_computed_tokens != 0 or num_tokens < 1
                 or lr.lost is not None):
             return 0, False

@@ -22,8 +22,10 @@ cannot be given those pages again and recomputes its prompt locally.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -40,6 +42,9 @@ Page = tuple[int, WirePage]   # (layer, page)
 # A request started early waits for its anchor's layers at most this many early_start_s after
 # its first forward began: a stalled link costs the engine one bounded wait, not a hung step.
 _EARLY_WAIT_FACTOR = 4
+# Transfers whose pages wait for a request at most (the receiver keeps as many finished ones:
+# ReceiverConfig.max_finished_requests); older ones are dropped first.
+_MAX_WAITING = 256
 
 
 def _first_frame(handle) -> tuple[float, int]:
@@ -54,16 +59,24 @@ def _first_frame(handle) -> tuple[float, int]:
 
 class PageInbox:
     """Received (encoded) pages per transfer, the latest stage of each page only, until
-    decoded into the cache."""
+    decoded into the cache or dropped.
+
+    A transfer's pages may come before any request follows it (the decode request still
+    queued), so they wait here; ``sweep`` drops those that no request followed within a time
+    limit, and the oldest beyond a count: a request that never comes (finished or refused
+    before its load, a broken or hostile sender) must not hold host memory for good."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._pages: dict[int, dict[tuple[int, int], WirePage]] = {}
-        self._closed: set[int] = set()
+        self._first: dict[int, float] = {}   # first page's arrival (monotonic), until closed
+        # closed transfers (oldest first): late pages of them are dropped
+        self._closed: collections.OrderedDict[int, None] = collections.OrderedDict()
 
     def on_page(self, transfer_id: int, layer: int, page: WirePage, stage: str) -> None:
         with self._lock:
             if transfer_id not in self._closed:
+                self._first.setdefault(transfer_id, time.monotonic())
                 self._pages.setdefault(transfer_id, {})[(layer, page.token_start)] = page
 
     def take_layer(self, transfer_id: int, layer: int) -> list[Page]:
@@ -83,10 +96,30 @@ class PageInbox:
 
     def close(self, transfer_id: int) -> None:
         with self._lock:
-            self._pages.pop(transfer_id, None)
-            self._closed.add(transfer_id)
-            if len(self._closed) > 4096:  # transfer ids are unique: forget the oldest
-                self._closed = set(sorted(self._closed)[-2048:])
+            self._close(transfer_id)
+
+    def sweep(self, followed, now: float, max_age_s: float,
+              max_waiting: int) -> list[tuple[int, str]]:
+        """Close the transfers no request follows whose first page came more than
+        ``max_age_s`` ago, and the oldest beyond ``max_waiting`` of them. -> [(id, why)]"""
+        with self._lock:
+            waiting = sorted((t, rid) for rid, t in self._first.items() if rid not in followed)
+            young = [rid for t, rid in waiting if now - t <= max_age_s]
+            dropped = [(rid, f"no request loaded it within {max_age_s:g} s")
+                       for t, rid in waiting if now - t > max_age_s]
+            dropped += [(rid, f"{max_waiting} newer transfers wait for their requests")
+                        for rid in young[:max(0, len(young) - max_waiting)]]
+            for rid, _ in dropped:
+                self._close(rid)
+        return dropped
+
+    def _close(self, transfer_id: int) -> None:
+        self._pages.pop(transfer_id, None)
+        self._first.pop(transfer_id, None)
+        self._closed[transfer_id] = None
+        self._closed.move_to_end(transfer_id)
+        while len(self._closed) > 4096:
+            self._closed.popitem(last=False)
 
 
 @dataclass
@@ -138,6 +171,9 @@ class ConsumerWorker:
         self._finished_recving: set[str] = set()
         self._failed_recving: set[str] = set()
         self._early_now: list[str] = []   # this step's requests started before their anchor
+        # transfers dropped before any request followed them, and why (a late request for one
+        # recomputes at once instead of waiting out its transfer timeout)
+        self._dropped: collections.OrderedDict[int, str] = collections.OrderedDict()
 
     @property
     def port(self) -> int:
@@ -163,11 +199,15 @@ class ConsumerWorker:
 
     # -- per step ------------------------------------------------------------------------------
     def bind(self, loads: list[LoadJob], releases: list[str],
-             scheduled_early: list[str] = ()) -> None:
+             scheduled_early: list[str] = (), discards: list[int] = ()) -> None:
         """One engine step: ``scheduled_early`` are the requests in this step's forward that
-        were reported loaded before their whole anchor was in."""
+        were reported loaded before their whole anchor was in; ``discards`` the transfers
+        whose requests finished without loading them."""
         for req_id in releases:
             self._drop(req_id, report_recving=True)
+        for key in discards:
+            if key not in self._streams:
+                self._discard(key, "its request finished without loading it", logging.INFO)
         for job in loads:
             log.debug("Lynx: %s waits for transfer %d (%d tokens)", job.req_id, job.transfer_id,
                       job.num_tokens)
@@ -233,6 +273,10 @@ class ConsumerWorker:
 
     # -- internals -----------------------------------------------------------------------------
     def _follow(self, job: LoadJob) -> None:
+        dropped = self._dropped.get(job.transfer_id)
+        if dropped is not None:   # its pages are gone: waiting would only time out
+            self._fail_load(job.req_id, f"transfer {job.transfer_id} was dropped ({dropped})")
+            return
         stream = self._streams.get(job.transfer_id)
         if stream is None:
             stream = self._streams[job.transfer_id] = _Stream(
@@ -247,6 +291,9 @@ class ConsumerWorker:
 
     def _poll(self) -> None:
         now = time.monotonic()
+        for key, why in self.inbox.sweep(self._streams, now, self.config.transfer_timeout_s,
+                                         _MAX_WAITING):
+            self._discard(key, why)
         for key, stream in list(self._streams.items()):
             h = stream.handle
             full = h.residual_ready.is_set()   # first: a full stream has its anchor
@@ -388,6 +435,16 @@ class ConsumerWorker:
             del self._streams[key]
             self.inbox.close(key)
             self.receiver.release(key)
+
+    def _discard(self, key: int, why: str, level: int = logging.WARNING) -> None:
+        """Free a transfer no request follows: its pages, its receiver slot (late frames of it
+        are acknowledged and dropped)."""
+        log.log(level, "Lynx: transfer %d dropped: %s", key, why)
+        self.inbox.close(key)
+        self.receiver.release(key)
+        self._dropped[key] = why
+        while len(self._dropped) > 4096:
+            self._dropped.popitem(last=False)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -45,6 +45,9 @@ class LynxConnectorMeta(KVConnectorMetadata):
     # This step's requests that were reported loaded before their whole anchor was in: the
     # workers make each layer's anchor wait for the forward (wait_for_layer_load).
     scheduled_early: list[str] = field(default_factory=list)
+    # Transfer keys whose requests finished without loading them (refused the load: prompt
+    # logprobs; aborted while queued): the workers drop their pages and receiver slots.
+    discards: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -126,26 +126,29 @@ class Flight:
     prefills itself."""
 
     def __init__(self, pair, prompt, *, max_tokens=MAX_TOKENS, max_drafts=None, prefill=True,
-                 drop_residual=False, lynx=True, withhold_layers=0, n=1):
+                 drop_residual=False, lynx=True, withhold_layers=0, n=1, prompt_logprobs=None):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         self.pair, self.rid, tid = pair, f"fail-{next(_ids)}", next(_ids)
         self.tokens, self.finished, self.finish_reason, self.stats = [], False, None, {}
         self.samples: dict[int, list[int]] = {}   # n > 1: each sample's tokens
+        self.prompt_logprobs = None
         self_lynx, lynx = lynx, {"transfer_id": tid}
         if max_drafts is not None:
             lynx["max_drafts"] = max_drafts
 
-        def params(max_tokens, extra, n=1):
+        def params(max_tokens, extra, n=1, prompt_logprobs=None):
             # n > 1 needs sampling; top_k 1 keeps each sample the greedy choice
             return SamplingParams(n=n, temperature=0.7 if n > 1 else 0.0,
+                                  prompt_logprobs=prompt_logprobs,
                                   top_k=1 if n > 1 else 0, max_tokens=max_tokens,
                                   ignore_eos=True, output_kind=RequestOutputKind.DELTA,
                                   extra_args=None if extra is None else
                                   {"kv_transfer_params": {"lynx": extra}})
         pair.decode.llm_engine.add_request(self.rid, {"prompt_token_ids": list(prompt)},
-                                           params(max_tokens, lynx if self_lynx else None, n))
+                                           params(max_tokens, lynx if self_lynx else None, n,
+                                                  prompt_logprobs))
         if prefill and self_lynx:
             sent = {**lynx, "codec": "lynx"}
             if drop_residual:
@@ -192,6 +195,8 @@ def _drive(pair, flights, timeout_s: float = 120.0, until=None) -> None:
                 if f is None:
                     continue
                 f.tokens += list(out.outputs[0].token_ids)
+                if out.prompt_logprobs is not None and f.prompt_logprobs is None:
+                    f.prompt_logprobs = out.prompt_logprobs
                 for c in out.outputs:
                     f.samples.setdefault(c.index, []).extend(c.token_ids)
                 if out.finished:
@@ -300,6 +305,23 @@ def test_samples_share_one_transfer_and_release_it(setup):
     assert sorted(f.samples) == [0, 1]
     for tokens in f.samples.values():
         assert tokens == full[4]
+    _assert_released(pair, baseline)
+
+
+# -- 3c. a request that cannot use its transfer ------------------------------------------------
+def test_prompt_logprobs_compute_the_prompt_and_drop_its_transfer(setup):
+    """Prompt logprobs come from the prompt's forward, which a load skips: the decode instance
+    computes the prompt itself (exact, every prompt position's logprob), and the transfer the
+    prefill sent anyway is dropped, its pages and receiver slot with it."""
+    pair, prompts, full, local, baseline = setup
+    f = Flight(pair, prompts[3], prompt_logprobs=1)
+    _drive(pair, [f])
+    assert f.tokens == local[3]
+    assert f.stats["phase"] == "recompute" and "prompt logprobs" in f.stats["residual_lost"]
+    assert "stage" not in f.stats, f.stats   # nothing was loaded
+    assert len(f.prompt_logprobs) == len(prompts[3]) and f.prompt_logprobs[0] is None
+    assert all(lp and tok in lp for tok, lp in zip(prompts[3][1:], f.prompt_logprobs[1:]))
+    # the prefill's KV arrives (the prefill request ran to its end): nothing of it stays
     _assert_released(pair, baseline)
 
 

@@ -1,0 +1,74 @@
+"""The decode worker's bookkeeping of transfers no request follows (consumer_worker.py): pages
+that come before their request wait in the inbox, but not forever and not without bound, and a
+request whose transfer was dropped recomputes at once. The pages enter where the receiver's
+threads hand them on (``PageInbox.on_page``); the receiver is the real embedded one."""
+import time
+
+import pytest
+
+from lynx_npu.integration.vllm_ascend.config import LynxConnectorConfig
+from lynx_npu.integration.vllm_ascend.consumer_worker import ConsumerWorker, PageInbox
+from lynx_npu.integration.vllm_ascend.messages import LoadJob
+from lynx_npu.ops import WirePage
+
+
+def _page(start: int = 0) -> WirePage:
+    return WirePage(0, start, start + 16, memoryview(b"a" * 8), None)
+
+
+def test_inbox_drops_unfollowed_transfers_past_the_age_limit_only():
+    inbox = PageInbox()
+    for rid in (1, 2, 3):
+        inbox.on_page(rid, 0, _page(), "anchor")
+    now = time.monotonic()
+    # young, or followed: kept
+    assert inbox.sweep({2}, now, max_age_s=60.0, max_waiting=8) == []
+    dropped = inbox.sweep({2}, now + 61.0, max_age_s=60.0, max_waiting=8)
+    assert sorted(rid for rid, _ in dropped) == [1, 3]
+    assert all("within 60 s" in why for _, why in dropped)
+    assert inbox.take(1) == [] and inbox.take(3) == [] and len(inbox.take(2)) == 1
+    inbox.on_page(1, 0, _page(), "residual")   # late pages of a dropped transfer: dropped
+    assert inbox.take(1) == [] and inbox.num_transfers() == 0
+
+
+def test_inbox_keeps_at_most_max_waiting_unfollowed_transfers_oldest_dropped_first():
+    inbox = PageInbox()
+    for rid in (10, 11, 12, 13):
+        inbox.on_page(rid, 0, _page(), "anchor")
+        time.sleep(0.002)   # distinct arrival times
+    dropped = inbox.sweep(set(), time.monotonic(), max_age_s=60.0, max_waiting=2)
+    assert [rid for rid, _ in dropped] == [10, 11]
+    assert "2 newer transfers" in dropped[0][1]
+    assert inbox.num_transfers() == 2
+
+
+@pytest.fixture
+def worker():
+    w = ConsumerWorker(LynxConnectorConfig(role="consumer", transfer_timeout_s=0.2), 0, 1)
+    yield w
+    w.close()
+
+
+def test_a_transfer_no_request_loads_is_dropped_and_its_request_recomputes_at_once(worker):
+    worker.receiver.request(77)   # a slot, as the first frame of a transfer would take
+    worker.inbox.on_page(77, 0, _page(), "anchor")
+    worker.bind([], [])           # followed by nothing, younger than transfer_timeout_s
+    assert worker.inbox.num_transfers() == 1
+    time.sleep(0.3)
+    worker.bind([], [])
+    state = worker.leak_state()
+    assert state["inbox"] == 0 and state["receiver_active_requests"] == 0, state
+    # its request, come too late, does not wait out a transfer timeout for pages now gone
+    worker.bind([LoadJob("late", 77, (1, 2), 20)], [])
+    assert worker.finish_step(set()) == ({"late"}, {"late"})
+    assert worker.leak_state()["transfers"] == {}
+
+
+def test_the_scheduler_discards_a_transfer_its_request_will_not_load(worker):
+    worker.inbox.on_page(5, 0, _page(), "anchor")
+    worker.receiver.request(5)
+    worker.bind([LoadJob("a", 6, (1,), 20)], [])
+    worker.bind([], [], discards=[5, 6])   # 6 is followed: kept
+    state = worker.leak_state()
+    assert state["inbox"] == 0 and list(state["streams"]) == [6], state
+    assert state["receiver_active_requests"] == 1   # only 6's
