@@ -7,7 +7,9 @@ For each ``/v1/completions`` or ``/v1/chat/completions`` request it picks a tran
 client may choose the ``codec`` and ``max_drafts`` in its own ``kv_transfer_params["lynx"]``), sends
 the request to the decode server (which waits for the KV) and a one-token copy to the prefill
 server (which computes the prompt and streams its KV to the decode server, anchor first), and
-returns the decode server's response, streamed or not, unchanged. Both servers see the same
+returns the decode server's response, streamed or not, unchanged. A request for prompt logprobs
+(``prompt_logprobs``, or ``echo`` with logprobs) goes to the decode server alone, without a
+transfer: they come from the prompt's forward, which a KV load skips. Both servers see the same
 prompt, so they tokenize it identically. Anything else (``/v1/models``, ...) goes to the decode
 server. The client's headers (``Authorization``, ...) go to both servers, less the hop-by-hop
 ones and those the proxy sets itself.
@@ -44,13 +46,20 @@ log = logging.getLogger("lynx.proxy")
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 
 
-def split_request(body: dict, transfer_id: int) -> tuple[dict, dict]:
-    """-> (prefill body, decode body) for one client request."""
+def split_request(body: dict, transfer_id: int,
+                  path: str = "/v1/completions") -> tuple[dict | None, dict]:
+    """-> (prefill body, decode body) for one client request; (None, decode body) when the
+    prompt must be computed on the decode server."""
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
     if not 0 < transfer_id < 2**63:
         raise ValueError(f"{transfer_id=} must be in [1, 2**63)")
-    params = {"lynx": {**_client_options(body), "transfer_id": transfer_id}}
+    client = _client_options(body)
+    if asks_prompt_logprobs(body, path):
+        # They come from the prompt's forward, which a KV load skips: the decode server
+        # would refuse the transfer (connector_scheduler), so none is started.
+        return None, {k: v for k, v in body.items() if k != "kv_transfer_params"}
+    params = {"lynx": {**client, "transfer_id": transfer_id}}
     decode = dict(body, kv_transfer_params=params)
     prefill = dict(body, kv_transfer_params=params, max_tokens=1, stream=False)
     prefill.pop("stream_options", None)
@@ -61,6 +70,15 @@ def split_request(body: dict, transfer_id: int) -> tuple[dict, dict]:
     # prompt on the decode server (the fallback below), silently.
     prefill.pop("min_tokens", None)
     return prefill, decode
+
+
+def asks_prompt_logprobs(body: dict, path: str) -> bool:
+    """vLLM's rule (its protocols' to_sampling_params): ``prompt_logprobs``, or ``echo`` with
+    ``logprobs`` (completions) or ``top_logprobs`` (chat)."""
+    if body.get("prompt_logprobs") is not None:
+        return True
+    logprobs = "top_logprobs" if path.endswith("/chat/completions") else "logprobs"
+    return bool(body.get("echo")) and body.get(logprobs) is not None
 
 
 # What a client may choose per request in its own kv_transfer_params["lynx"]. The rest (the
@@ -192,8 +210,11 @@ def make_app(prefill_url: str, decode_url: str, timeouts: Timeouts = Timeouts(),
         """The decode server's first body bytes: it has the KV (or computed the prompt)."""
         return await (await decode).content.readany()
 
-    async def run_prefill(url: str, body: dict, headers: dict) -> str | None:
-        """-> None when the prefill server computed the prompt, else why it did not."""
+    async def run_prefill(url: str, body: dict | None, headers: dict) -> str | None:
+        """-> None when the prefill server computed the prompt (or was not asked to: body
+        None), else why it did not."""
+        if body is None:
+            return None
         try:
             async with await post(url, body, headers) as r:
                 text = await r.text()
@@ -217,7 +238,7 @@ def make_app(prefill_url: str, decode_url: str, timeouts: Timeouts = Timeouts(),
     async def generate(request: web.Request) -> web.StreamResponse:
         try:
             body = await request.json()
-            prefill_body, decode_body = split_request(body, new_transfer_id())
+            prefill_body, decode_body = split_request(body, new_transfer_id(), request.path)
         except RecursionError:
             return _error(400, "the request body is nested too deeply to parse",
                           "invalid_request_error")

@@ -89,9 +89,10 @@ class OpenAIPair:
         """POST a non-streaming chat request through the proxy; the parsed JSON response."""
         return self.post("/v1/chat/completions", body, timeout)
 
-    def post(self, path: str, body: dict, timeout: float = 900.0) -> dict:
-        """POST a non-streaming request through the proxy; the parsed JSON response."""
-        req = urllib.request.Request(self.url("proxy") + path, data=json.dumps(body).encode(),
+    def post(self, path: str, body: dict, timeout: float = 900.0, role: str = "proxy") -> dict:
+        """POST a non-streaming request through the proxy (or straight to ``role``'s server);
+        the parsed JSON response."""
+        req = urllib.request.Request(self.url(role) + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())

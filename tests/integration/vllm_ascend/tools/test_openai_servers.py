@@ -172,3 +172,19 @@ def test_decode_server_healthy_with_lynx_counters_on_metrics(servers, references
     assert counter("drafts_proposed") > 0
     log = servers.logs["decode"].read_text(errors="replace")
     assert "AssertionError" not in log and "EngineDeadError" not in log
+
+
+def test_prompt_logprobs_are_computed_on_the_decode_server(servers, prompts):
+    # They come from the prompt's forward, which a KV load skips: the proxy sends the request
+    # to the decode server alone, which computes every prompt position's logprob, as the
+    # prefill server does when asked directly.
+    body = dict(_body(servers, prompts[0]), max_tokens=2, prompt_logprobs=0)
+    got = servers.chat(body)
+    want = servers.post("/v1/chat/completions", body, role="prefill")
+    assert not got.get("kv_transfer_params")   # no transfer was made for it
+    lps, ref = got["prompt_logprobs"], want["prompt_logprobs"]
+    assert len(lps) == got["usage"]["prompt_tokens"] == len(ref) and lps[0] is None
+    for mine, theirs in zip(lps[1:], ref[1:]):   # each the prompt's own token (0 extra)
+        assert mine.keys() == theirs.keys()
+        assert all(abs(mine[t]["logprob"] - theirs[t]["logprob"]) < 1e-3 for t in mine)
+    servers.check_alive("decode")

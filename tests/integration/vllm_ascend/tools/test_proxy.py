@@ -36,6 +36,24 @@ def test_split_chat_request():
     assert "kv_transfer_params" not in body  # the client's body is not modified
 
 
+@pytest.mark.parametrize("path,extra", [
+    ("/v1/completions", {"prompt_logprobs": 1}),
+    ("/v1/completions", {"echo": True, "logprobs": 0}),
+    ("/v1/chat/completions", {"prompt_logprobs": 0}),
+    ("/v1/chat/completions", {"echo": True, "top_logprobs": 2}),
+])
+def test_prompt_logprobs_go_to_the_decode_server_alone(path, extra):
+    # They come from the prompt's forward: no prefill copy, no transfer (the decode server
+    # would refuse it), the client's Lynx options dropped with it.
+    body = {"prompt": "x", "kv_transfer_params": {"lynx": {"codec": "lynx-int8"}}, **extra}
+    pre, dec = split_request(body, 7, path)
+    assert pre is None and dec == {k: v for k, v in body.items() if k != "kv_transfer_params"}
+    # echo alone, or logprobs of the output alone, still transfer
+    for other in ({"echo": True}, {"logprobs": 1, "top_logprobs": 1}):
+        pre, dec = split_request({"prompt": "x", **other}, 7, path)
+        assert pre is not None and "kv_transfer_params" in dec
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="JSON object"):
         split_request([1], 1)
@@ -188,6 +206,17 @@ def test_relays_the_decode_answer_and_sends_the_prefill_one_token():
             (_, _, d), = dec.requests
             assert p["max_tokens"] == 1 and d["max_tokens"] == 8
             assert p["kv_transfer_params"] == d["kv_transfer_params"]
+    run(go())
+
+
+def test_prompt_logprobs_request_reaches_only_the_decode_server():
+    async def go():
+        prefill, decode = kv_link()
+        async with Upstream(prefill) as pre, Upstream(decode) as dec, \
+                Proxy(pre.url, dec.url) as proxy:
+            status, answer, _ = await proxy.post(json=dict(CHAT, prompt_logprobs=1))
+            assert (status, answer) == (200, {"kv": False})
+            assert pre.requests == [] and dec.requests[0][2]["prompt_logprobs"] == 1
     run(go())
 
 
