@@ -36,6 +36,11 @@ def _wants_prompt_logprobs(request) -> bool:
     return getattr(request.sampling_params, "prompt_logprobs", None) is not None
 
 
+def _is_structured(request) -> bool:
+    """The request's output follows a grammar (``response_format``, ``structured_outputs``)."""
+    return getattr(request.sampling_params, "structured_outputs", None) is not None
+
+
 class ConnectorScheduler:
     def __init__(self, config: LynxConnectorConfig, world_size: int):
         self.config, self.world_size = config, world_size
@@ -73,6 +78,12 @@ class ConnectorScheduler:
             cap = self.config.max_drafts
             if params.max_drafts is not None:
                 cap = min(cap, params.max_drafts)
+            if _is_structured(request):
+                # vLLM advances a request's grammar only by the tokens its client gets, so the
+                # drafts' masks would all be the first token's, and verifying the drafts killed
+                # the engine (0.23: an assertion; 0.32: an IndexError in the grammar bitmask):
+                # the request starts on the full-precision KV instead, without drafts.
+                cap = 0
             self.decode[request.request_id] = new_decode_request(
                 request.request_id, params.transfer_id, key, self.world_size, cap)
 

@@ -188,3 +188,22 @@ def test_prompt_logprobs_are_computed_on_the_decode_server(servers, prompts):
         assert mine.keys() == theirs.keys()
         assert all(abs(mine[t]["logprob"] - theirs[t]["logprob"]) < 1e-3 for t in mine)
     servers.check_alive("decode")
+
+
+def test_structured_output_starts_on_the_full_stage_and_equals_the_reference(servers, prompts):
+    # vLLM advances a grammar only by the tokens the client gets: drafts made under it got
+    # the first token's mask, and verifying them killed the decode engine (both releases).
+    # Such a request transfers as usual but starts once the full-precision KV is in.
+    schema = {"type": "object", "properties": {"topic": {"type": "string"},
+                                               "speakers": {"type": "integer"}},
+              "required": ["topic", "speakers"]}
+    fmt = {"response_format": {"type": "json_schema",
+                               "json_schema": {"name": "meeting", "schema": schema}}}
+    lynx = servers.chat(dict(_body(servers, prompts[0]), **fmt))
+    ref = servers.chat(dict(_body(servers, prompts[0], codec="lynx-int8"), **fmt))
+    stats = lynx["kv_transfer_params"]["lynx"]
+    assert stats["stage"] == "full" and stats["drafts_proposed"] == 0, stats
+    text = lynx["choices"][0]["message"]["content"]
+    assert text == ref["choices"][0]["message"]["content"]
+    assert text.lstrip().startswith("{")   # the grammar held
+    servers.check_alive("decode")
