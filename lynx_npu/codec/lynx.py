@@ -170,13 +170,13 @@ class LynxCodec(Codec):
             if rows:
                 a = a[:, :slay.anchor_nbytes]
             if slay is not lay:
-                a, r = lynx_stream.from_stream(a, r, lay, slay)
+                a, r = lynx_stream.from_stream(a, r, lay, slay, self.config.scalar_grid)
             yield lay, a, r
 
     def _to_stream(self, a, r, lay: PageLayout, slay: PageLayout, rows: int, h: int, d: int):
         """[n, kernel bytes] pages -> [n, stream bytes], the window appended to the anchors."""
         if slay is not lay:
-            a, r = lynx_stream.to_stream(a, r, lay, slay)
+            a, r = lynx_stream.to_stream(a, r, lay, slay, self.config.scalar_grid)
         if rows:
             a = torch.cat([a, torch.stack([lynx_stream.window_tail(
                 a[j], r[j], slay, self.config, h, d, rows) for j in range(a.shape[0])])], dim=1)
@@ -226,7 +226,8 @@ class LynxCodec(Codec):
             _check_len("residual", residual, slay.residual_nbytes)
         if slay is not lay:
             a, r = lynx_stream.from_stream(anchor.view(1, -1), None if residual is None
-                                           else residual.view(1, -1), lay, slay)
+                                           else residual.view(1, -1), lay, slay,
+                                           self.config.scalar_grid)
             anchor, residual = a[0], None if r is None else r[0]
         return anchor, residual, lay
 

@@ -22,6 +22,7 @@ from .base import check_int, check_number
 TOTAL_BITS = 8
 AXES = ("channel", "token")
 CENTERS = ("midrange", "mean")
+SCALAR_GRIDS = ("byte", "float16")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class LynxConfig:
     v_axis: str = "token"        # chunks of V: "token" = C head_dim values of one token (KIVI)
     num_sink_tokens: int = 4     # leading tokens of the sequence sent exact with the anchor
     center: str = "midrange"     # chunk centre mu: "midrange" (max+min)/2, or "mean" (paper)
+    # The values mu and sigma may take: "byte" = one of 256 each (lynx_tables.py), so the
+    # streams carry each scalar once, as one byte (~8.6 bits/value in total instead of ~9.6);
+    # "float16" = any float16 (the paper's), sent as previews + exact values. A quantizer
+    # setting: the kernels compute the scalars on the grid (still stored as float16).
+    scalar_grid: str = "float16"
     # The anchor stream carries 8-bit previews of mu and sigma, the residual their exact float16
     # values (lynx_stream.py): anchor ~4.6 instead of ~5.1 bits/value, full stage unchanged.
     # A stream format, not a quantizer setting: kernels (lynx_npu.ops) never see it.
@@ -81,6 +87,8 @@ class LynxConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {AXES}")
         if not isinstance(self.center, str) or self.center not in CENTERS:
             raise ValueError(f"center={self.center!r} must be one of {CENTERS}")
+        if not isinstance(self.scalar_grid, str) or self.scalar_grid not in SCALAR_GRIDS:
+            raise ValueError(f"scalar_grid={self.scalar_grid!r} must be one of {SCALAR_GRIDS}")
         if not isinstance(self.scalar_preview, bool):
             raise ValueError(f"scalar_preview={self.scalar_preview!r} must be a bool")
         check_int("num_sink_tokens", self.num_sink_tokens, 0)
@@ -220,7 +228,8 @@ def _layer_plan(name: str, value, fields: tuple, check) -> tuple:
 PRESETS: dict[str, LynxConfig] = {
     # The paper's literal axes (K and V chunked per channel), no exact sinks, mu-law alpha.
     "paper": LynxConfig(alpha_k=255.0, alpha_v=255.0, k_axis="channel", v_axis="channel",
-                        v_chunk_size=32, num_sink_tokens=0, center="mean"),
+                        v_chunk_size=32, num_sink_tokens=0, center="mean",
+                        scalar_grid="float16"),
     "default": LynxConfig(),
 }
 

@@ -16,7 +16,9 @@ residual: k_res, v_res       residual codes of [H, Tp, D], packed
 That is the *kernel* layout (``page_layout``), which every backend of lynx_npu.ops reads and
 writes. With ``scalar_preview`` the streams carry the page differently (``stream_layout``):
 the anchor's k_stats / v_stats become k_preview / v_preview ([2, num_chunks] uint8, one byte per
-scalar; lynx_stream.py) and the exact k_stats / v_stats follow the residual codes.
+scalar; lynx_stream.py). On the byte scalar grid (``scalar_grid="byte"``) those bytes are the
+scalars themselves, sent once; on the float16 grid they are previews and the exact k_stats /
+v_stats follow the residual codes.
 
 Chunk order: axis "channel" (C tokens of one channel) -> [H, ceil(Tp/C), D];
 axis "token" (C head_dim values of one token) -> [H, Tp, ceil(D/C)]. The last chunk of a
@@ -107,12 +109,19 @@ def page_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.dty
     return PageLayout(num_tokens, num_sink, a, r, a_n, r_n)
 
 
+def stats_in_residual(cfg: LynxConfig) -> bool:
+    """Whether the residual stream carries the exact chunk scalars after one-byte previews in
+    the anchor (float16 grid), rather than the anchor carrying them once (byte grid)."""
+    return cfg.scalar_preview and cfg.scalar_grid == "float16"
+
+
 @functools.lru_cache(maxsize=4096)
 def stream_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.dtype,
                   num_tokens: int, num_sink: int) -> PageLayout:
     """One page as the anchor and residual streams carry it: the kernel layout, or with
-    ``scalar_preview`` one byte per chunk scalar in the anchor and the exact ones in the
-    residual (sections in the same order otherwise, so only the stats move)."""
+    ``scalar_preview`` one byte per chunk scalar in the anchor (and on the float16 grid the
+    exact scalars in the residual); sections in the same order otherwise, so only the stats
+    move."""
     kernel = page_layout(cfg, num_heads, head_dim, dtype, num_tokens, num_sink)
     if not cfg.scalar_preview:
         return kernel
@@ -123,7 +132,8 @@ def stream_layout(cfg: LynxConfig, num_heads: int, head_dim: int, dtype: torch.d
     for s in kernel.anchor:
         if s.name.endswith("_stats"):
             anchor.append((s.name[0] + "_preview", s.nbytes // _itemsize(SCALAR_DTYPE)))
-            residual.append((s.name, s.nbytes))
+            if stats_in_residual(cfg):
+                residual.append((s.name, s.nbytes))
         else:
             anchor.append((s.name, s.nbytes))
     a, a_n = _sections(anchor)
@@ -198,12 +208,13 @@ def window_layout(cfg: LynxConfig, num_heads: int, head_dim: int, num_tokens: in
     """The window that follows a page's stream anchor (at the next ALIGN boundary) when the page
     holds ``rows`` > 0 recent rows: ``window`` (uint32 ``rows``, so a page says what it
     carries), ``k_wres`` / ``v_wres`` (the rows' residual codes, [H, rows, D] packed) and, with
-    scalar previews, ``k_wstats`` / ``v_wstats`` (float16 [2, n]: the exact mu, then sigma, of
-    the chunks holding the rows, in the stats' order). -> (sections, bytes)."""
+    previews of float16 scalars (``stats_in_residual``), ``k_wstats`` / ``v_wstats`` (float16
+    [2, n]: the exact mu, then sigma, of the chunks holding the rows, in the stats' order).
+    -> (sections, bytes)."""
     n = num_heads * rows * head_dim
     sizes = [("window", 4), ("k_wres", packed_nbytes(n, cfg.residual_bits("k"))),
              ("v_wres", packed_nbytes(n, cfg.residual_bits("v")))]
-    if cfg.scalar_preview:
+    if stats_in_residual(cfg):
         for which in "kv":
             nc = window_chunks(cfg, which, num_heads, num_tokens, head_dim, rows)
             sizes.append((f"{which}_wstats", 2 * nc * _itemsize(SCALAR_DTYPE)))

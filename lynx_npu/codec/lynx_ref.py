@@ -6,10 +6,13 @@ All arithmetic is float32 in this order:
   encode  gmin, gmax = min, max over the page's tokens, per channel   (stored in the KV dtype)
           scale = gmax - gmin;  xn = (x - gmin) * (1 / scale)   (0 where 1 / scale is not
                                                         finite: a constant channel)
-          mu = f16((max + min) / 2) over the chunk            (center="midrange", default)
-             = f16(tree_sum(xn over chunk) / count)            (center="mean", the paper's)
+          c = (max + min) / 2 over the chunk                  (center="midrange", default)
+            = tree_sum(xn over chunk) / count                  (center="mean", the paper's)
+          mu = grid(c)  (scalar_grid="byte", default: lynx_tables.mu_on_grid)  or  f16(c)
           xc = xn - mu
-          sigma = f16(max |xc| over chunk);  xf = xc * (1 / sigma)   (0 where sigma == 0)
+          sigma = the smallest byte-grid level >= max |xc| over the chunk
+                  (lynx_tables.sigma_index)  or  f16(max |xc|) (scalar_grid="float16")
+          xf = xc * (1 / sigma)   (0 where sigma == 0)
           I = #{j : thresholds[j] <= |xf|}          (lynx_tables.py; round-half-up of Eq. 3)
           m = (I + bias) >> r;  res = (m << r) - I   (round-half-down split, Alg. 1 l.14-17)
           anchor = m if xf >= 0 else -m - 1           (sign of the *centred* value, l.18)
@@ -113,12 +116,17 @@ def quantize(x: torch.Tensor, cfg: LynxConfig, which: str):
         big = torch.finfo(torch.float32).max
         hi = torch.where(mask, chunks, -big).amax(dim=-1)
         lo = torch.where(mask, chunks, big).amin(dim=-1)
-        mu = ((hi + lo) / 2).to(SCALAR_DTYPE)
+        centre = (hi + lo) / 2
     else:
         count = mask.sum(dim=-1).to(torch.float32)
-        mu = (tree_sum(chunks) / count).to(SCALAR_DTYPE)
+        centre = tree_sum(chunks) / count
+    byte = cfg.scalar_grid == "byte"
+    mu = (lynx_tables.mu_on_grid(centre) if byte else centre).to(SCALAR_DTYPE)
     xc = chunks - mu.float().unsqueeze(-1)
-    sigma = torch.where(mask, xc.abs(), 0.0).amax(dim=-1).to(SCALAR_DTYPE)
+    need = torch.where(mask, xc.abs(), 0.0).amax(dim=-1)
+    if byte:
+        need = lynx_tables.sigma_levels(x.device)[lynx_tables.sigma_index(need)]
+    sigma = need.to(SCALAR_DTYPE)
     xfin = xc * reciprocal_or_zero(sigma.float().unsqueeze(-1))
     xfin = _unchunked(xfin, axis, tp if axis == "channel" else d)
 

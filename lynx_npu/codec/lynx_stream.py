@@ -12,6 +12,11 @@ cache the drafts are computed on, sees the previews.
   sigma in [0, 1], used relative to itself: u = 0 for 0, else the nearest of 255 geometric
   levels 2^-14 .. 1 in log2 (ratio 2^(14/254)); relative error <= 2.0% above 2^-14.
 
+On the byte scalar grid (``scalar_grid="byte"``, lynx_tables.py) the quantizer's scalars are
+already one of 256 values each: the anchor's bytes are then the scalars themselves (the index
+of each on the grid), sent once, and neither the residual nor a window repeats them. The same
+functions serve both grids (``grid``); only the tables differ.
+
 The recent-token window (``recent_tokens``): the page(s) holding a layer's last W tokens carry,
 after their anchor, those rows' residual codes and (with previews) their chunks' exact scalars
 (lynx_layout.window_layout). Anchor-stage decoding of such a page is the full-stage decoding of
@@ -29,8 +34,10 @@ import functools
 
 import torch
 
+from . import lynx_tables
 from .lynx_config import LynxConfig
-from .lynx_layout import SCALAR_DTYPE, PageLayout, window_layout, window_start
+from .lynx_layout import (SCALAR_DTYPE, PageLayout, stats_in_residual, window_layout,
+                          window_start)
 from .packing import pack_bits, unpack_bits
 
 SIGMA_MIN_LOG2 = -14.0
@@ -38,19 +45,27 @@ _SIGMA_STEPS = 254  # geometric steps between levels 1 and 255
 
 
 @functools.lru_cache(maxsize=None)
-def preview_levels() -> torch.Tensor:
-    """float32 [2, 256]: the value each preview byte stands for (row 0 mu, row 1 sigma)."""
+def preview_levels(grid: str = "float16") -> torch.Tensor:
+    """float32 [2, 256]: the value each byte stands for (row 0 mu, row 1 sigma): a preview of
+    a float16 scalar, or on the byte grid the scalar itself."""
     u = torch.arange(256, dtype=torch.float64)
+    if grid == "byte":
+        return torch.stack([(u / lynx_tables.MU_STEPS).float(), lynx_tables.sigma_levels()])
     mu = u / 255
     sigma = torch.exp2(SIGMA_MIN_LOG2 + (u - 1) * (-SIGMA_MIN_LOG2 / _SIGMA_STEPS))
     sigma[0] = 0
     return torch.stack([mu, sigma]).to(SCALAR_DTYPE).float()
 
 
-def preview(stats: torch.Tensor) -> torch.Tensor:
-    """[..., 2, nc] float16 (mu, sigma) -> [..., 2, nc] uint8 previews."""
+def preview(stats: torch.Tensor, grid: str = "float16") -> torch.Tensor:
+    """[..., 2, nc] float16 (mu, sigma) -> [..., 2, nc] uint8 bytes: previews, or on the byte
+    grid the scalars' own indices (exact for scalars on the grid, as the quantizer makes them)."""
     s = stats.float()
     mu, sigma = s[..., 0, :], s[..., 1, :]
+    if grid == "byte":
+        u_mu = torch.round(mu.clamp(0, 1) * lynx_tables.MU_STEPS).clamp(max=255)
+        u_sigma = lynx_tables.sigma_index(sigma)
+        return torch.stack([u_mu.to(torch.int64), u_sigma], dim=-2).to(torch.uint8)
     u_mu = torch.round(mu.clamp(0, 1) * 255)
     steps = (torch.log2(sigma.clamp_min(2.0 ** SIGMA_MIN_LOG2)) - SIGMA_MIN_LOG2) \
         * (_SIGMA_STEPS / -SIGMA_MIN_LOG2)
@@ -58,9 +73,10 @@ def preview(stats: torch.Tensor) -> torch.Tensor:
     return torch.stack([u_mu, u_sigma], dim=-2).to(torch.uint8)
 
 
-def expand(previews: torch.Tensor) -> torch.Tensor:
-    """[..., 2, nc] uint8 -> [..., 2, nc] float16 stand-ins for (mu, sigma)."""
-    lv = preview_levels().to(previews.device)
+def expand(previews: torch.Tensor, grid: str = "float16") -> torch.Tensor:
+    """[..., 2, nc] uint8 -> [..., 2, nc] float16 (mu, sigma): stand-ins, or on the byte grid
+    the scalars themselves."""
+    lv = preview_levels(grid).to(previews.device)
     idx = previews.long()
     return torch.stack([lv[0][idx[..., 0, :]], lv[1][idx[..., 1, :]]], dim=-2).to(SCALAR_DTYPE)
 
@@ -71,16 +87,17 @@ def _view(buf: torch.Tensor, lay: PageLayout, name: str) -> torch.Tensor:
 
 
 def to_stream(anchor: torch.Tensor, residual: torch.Tensor, kernel: PageLayout,
-              stream: PageLayout) -> tuple[torch.Tensor, torch.Tensor]:
-    """[n, kernel bytes] anchor / residual pages -> [n, stream bytes] (previews in the anchor,
-    exact scalars after the residual codes)."""
+              stream: PageLayout, grid: str = "float16") -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, kernel bytes] anchor / residual pages -> [n, stream bytes] (one byte per scalar in
+    the anchor; on the float16 grid the exact scalars after the residual codes)."""
     n = anchor.shape[0]
     a = torch.zeros(n, stream.anchor_nbytes, dtype=torch.uint8, device=anchor.device)
     r = torch.zeros(n, stream.residual_nbytes, dtype=torch.uint8, device=anchor.device)
     for s in stream.anchor:
         if s.name.endswith("_preview"):
             stats = _view(anchor, kernel, s.name[0] + "_stats").contiguous().view(SCALAR_DTYPE)
-            a[:, s.offset:s.offset + s.nbytes] = preview(stats.view(n, 2, -1)).view(n, -1)
+            a[:, s.offset:s.offset + s.nbytes] = preview(stats.view(n, 2, -1),
+                                                         grid).view(n, -1)
         else:
             a[:, s.offset:s.offset + s.nbytes] = _view(anchor, kernel, s.name)
     for s in stream.residual:
@@ -90,20 +107,23 @@ def to_stream(anchor: torch.Tensor, residual: torch.Tensor, kernel: PageLayout,
 
 
 def from_stream(anchor: torch.Tensor, residual: torch.Tensor | None, kernel: PageLayout,
-                stream: PageLayout) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Stream pages -> kernel-layout pages; without the residual the exact scalars are stood in
-    for by the expanded previews (anchor stage)."""
+                stream: PageLayout, grid: str = "float16") -> tuple[torch.Tensor,
+                                                                    torch.Tensor | None]:
+    """Stream pages -> kernel-layout pages: the scalars expanded from the anchor's bytes, or
+    the exact ones from the residual where it carries them (float16 grid; without it, the
+    anchor stage, the previews stand in for them)."""
     n = anchor.shape[0]
     a = torch.zeros(n, kernel.anchor_nbytes, dtype=torch.uint8, device=anchor.device)
+    names = {s.name for s in stream.residual}
     for s in kernel.anchor:
         dst = a[:, s.offset:s.offset + s.nbytes]
         if not s.name.endswith("_stats"):
             dst.copy_(_view(anchor, stream, s.name))
-        elif residual is not None:
+        elif residual is not None and s.name in names:
             dst.copy_(_view(residual, stream, s.name))
         else:
             u = _view(anchor, stream, s.name[0] + "_preview").reshape(n, 2, -1)
-            dst.copy_(expand(u).view(torch.uint8).view(n, -1))
+            dst.copy_(expand(u, grid).view(torch.uint8).view(n, -1))
     if residual is None:
         return a, None
     r = torch.zeros(n, kernel.residual_nbytes, dtype=torch.uint8, device=anchor.device)
@@ -197,7 +217,7 @@ def window_residual(anchor: torch.Tensor, stream: PageLayout, cfg: LynxConfig, h
         codes[:, tp - rows:] = unpack_bits(tail[wres.offset:wres.offset + wres.nbytes], r,
                                            h * rows * d, signed=True).view(h, rows, d)
         _section(out, stream, which + "_res").copy_(pack_bits(codes.reshape(-1), r))
-        if not cfg.scalar_preview:
+        if not stats_in_residual(cfg):
             continue  # the exact scalars are in the anchor already
         u = _section(anchor, stream, which + "_preview").view(2, -1)
         stats = expand(u)

@@ -42,16 +42,23 @@ def oracle_quantize(x: torch.Tensor, cfg, which: str):
     for idx in chunks:
         xn = x[idx]
         if cfg.center == "midrange":
-            mu = ((xn.max() + xn.min()) / 2).half().float()
+            centre = (xn.max() + xn.min()) / 2
         else:  # adjacent-pairs tree, zero-padded to a power of two
             acc = list(xn.reshape(-1))
             while len(acc) & (len(acc) - 1):
                 acc.append(torch.tensor(0.0))
             while len(acc) > 1:
                 acc = [acc[i] + acc[i + 1] for i in range(0, len(acc), 2)]
-            mu = (acc[0] / xn.numel()).half().float()
+            centre = acc[0] / xn.numel()
+        if cfg.scalar_grid == "byte":  # u / 256 (round half up), then the first level >= need
+            mu = torch.tensor(min(255, int(float(centre) * 256 + 0.5)) / 256)
+            need = (xn - mu).abs().max()
+            sigma = next((lvl for lvl in lynx_tables.sigma_levels() if lvl >= need),
+                         lynx_tables.sigma_levels()[-1])
+        else:
+            mu = centre.half().float()
+            sigma = (xn - mu).abs().max().half().float()
         xc = xn - mu
-        sigma = xc.abs().max().half().float()
         inv = 1.0 / sigma
         xf = xc * inv if torch.isfinite(inv) else torch.zeros_like(xc)
         i = (thr.unsqueeze(0) <= xf.abs().reshape(-1, 1)).sum(1).reshape(xf.shape)

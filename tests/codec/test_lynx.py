@@ -23,15 +23,17 @@ def kv(h=2, t=64, d=16, dtype=torch.bfloat16, seed=0):
     return k, v
 
 
+@pytest.mark.parametrize("grid", ["byte", "float16"])
 @pytest.mark.parametrize("center", ["midrange", "mean"])
 @pytest.mark.parametrize("anchor_bits", SPLITS)
 @pytest.mark.parametrize("axis", ["channel", "token"])
 @pytest.mark.parametrize("v_chunk", [8, 16])  # V's chunk may differ from K's (8)
 @pytest.mark.parametrize("v_split", ["same", "other"])  # and V's split from K's
-def test_codes_match_naive_oracle(anchor_bits, axis, center, v_chunk, v_split):
+def test_codes_match_naive_oracle(anchor_bits, axis, center, v_chunk, v_split, grid):
     v_bits = anchor_bits if v_split == "same" else 2 + (anchor_bits - 1) % 6
     cfg = LynxConfig(page_size=32, chunk_size=8, v_chunk_size=v_chunk, anchor_bits=anchor_bits,
-                     v_anchor_bits=v_bits, v_axis=axis, num_sink_tokens=0, center=center)
+                     v_anchor_bits=v_bits, v_axis=axis, num_sink_tokens=0, center=center,
+                     scalar_grid=grid)
     k, v = kv(h=2, t=29, d=16, dtype=torch.float16)
     for which, x in (("k", k), ("v", v)):
         a, r, _, stats = lynx_ref.quantize(x.unsqueeze(0), cfg, which)
@@ -213,6 +215,54 @@ def test_scalar_previews_change_the_anchor_stage_only(tokens):
     err = [(xa.float() - x.float()).pow(2).mean() for xa, x in
            zip(split.decode(enc, "anchor") + exact.decode(enc_exact, "anchor"), (k, v, k, v))]
     assert err[0] <= 1.2 * err[2] and err[1] <= 1.2 * err[3]
+
+
+@pytest.mark.parametrize("tokens", [5, 300, 1000])
+def test_byte_scalars_are_sent_once_and_exact(tokens):
+    """On the byte grid the anchor's scalar bytes are the quantizer's scalars: the anchor stage
+    is bit for bit lynx-int4's (exact scalars in the kernel layout), the full stage
+    lynx-int8's, and the residual carries codes only."""
+    k, v = kv(t=tokens, seed=tokens)
+    split = lynx_npu.get_codec("lynx", scalar_grid="byte", recent_tokens=0)
+    enc = split.encode(k, v)
+    for stage, other in (("anchor", "lynx-int4"), ("full", "lynx-int8")):
+        ref = lynx_npu.get_codec(other, scalar_grid="byte")
+        for x, y in zip(split.decode(enc, stage), ref.decode(ref.encode(k, v), stage)):
+            assert torch.equal(x, y)
+    a, r = split.layer_from_stream(enc.anchor, enc.residual, k.shape, k.dtype)
+    a2, r2 = split.layer_to_stream(a, r, k.shape, k.dtype)
+    assert torch.equal(a2, enc.anchor) and torch.equal(r2, enc.residual)
+    kernel = lynx_npu.get_codec("lynx", scalar_grid="byte", scalar_preview=False,
+                                recent_tokens=0).encode(k, v)
+    # each float16 scalar (2 bytes) becomes one byte in the anchor; the residual: codes only
+    stats = sum(page_layout(split.config, 2, 16, k.dtype, s.num_tokens, s.num_sink)
+                .section(w + "_stats").nbytes for s in page_spans(split.config, tokens)
+                for w in "kv")
+    assert kernel.nbytes("full") - enc.nbytes("full") == pytest.approx(stats / 2, abs=64)
+    assert enc.residual.numel() == kernel.residual.numel()
+
+
+def test_byte_scalars_lie_on_the_grid_and_keep_the_extremes():
+    cfg = LynxConfig(scalar_grid="byte", page_size=64, chunk_size=8, num_sink_tokens=0)
+    k, v = kv(t=64, d=16, seed=3)
+    k[0, 8:16] = k[0].amin(dim=0)                      # constant K chunks at their channels'
+                                                       # minimum (xn = 0 = mu): sigma 0
+    k[1, :, 3] = torch.linspace(-3, 3, 64).to(k.dtype)
+    k[1, 1, 3], k[1, 6, 3] = -4, 4                     # chunk 0 spans its channel's range
+    for which, x in (("k", k), ("v", v)):
+        _, _, _, stats = lynx_ref.quantize(x.unsqueeze(0), cfg, which)
+        mu, sigma = stats[0, 0].float(), stats[0, 1].float()
+        assert torch.equal(mu * 256, torch.round(mu * 256)) and float(mu.max()) <= 255 / 256
+        assert bool(torch.isin(sigma, lynx_tables.sigma_levels()).all())
+    _, _, _, stats = lynx_ref.quantize(k.unsqueeze(0), cfg, "k")
+    per = stats[0].float().view(2, 2, 8, 16)           # [mu/sigma, H, chunks, D]
+    assert bool((per[1, 0, 1] == 0).all())
+    assert per[0, 1, 0, 3] == 0.5 and per[1, 1, 0, 3] == 0.5
+    codec = lynx_npu.get_codec("lynx-int8", **{f: getattr(cfg, f) for f in (
+        "scalar_grid", "page_size", "chunk_size", "num_sink_tokens")})
+    kk, _ = codec.decode(codec.encode(k, v), "full")
+    assert torch.equal(kk[0, 8:16], k[0, 8:16])
+    assert kk[1, 1, 3] == -4 and kk[1, 6, 3] == 4     # |xf| = 1 is the top code, exactly
 
 
 def test_scalar_previews_bound_their_error():

@@ -1,5 +1,5 @@
 """Golden payloads: real ``get_codec(...).encode_pages`` output on a small fixed KV, frozen as
-payload format 6 (lynx_npu.codec.registry.PAYLOAD_FORMAT) in frame format 3.
+payload format 7 (lynx_npu.codec.registry.PAYLOAD_FORMAT) in frame format 3.
 
 For every case, tests/wire/make_golden.py writes to golden/payload/:
 
@@ -43,6 +43,11 @@ class Case:
 CASES: dict[str, Case] = {
     "lynx": Case("lynx", torch.bfloat16),                              # get_codec("lynx")
     "lynx_paper": Case("lynx", torch.bfloat16, {"preset": "paper"}),
+    # float16 chunk scalars: previews in the anchor, the exact scalars after the residual codes
+    "lynx_f16_scalars": Case("lynx", torch.bfloat16, {"scalar_grid": "float16"}),
+    "lynx_f16_window": Case("lynx", torch.bfloat16, {"page_size": 64, "chunk_size": 16,
+                                                     "recent_tokens": 16,
+                                                     "scalar_grid": "float16"}, (1, 1033, 8)),
     "lynx_pages": Case("lynx", torch.bfloat16, {"page_size": 16, "chunk_size": 8}),  # 3 pages
     # 1033 tokens (>= 64 x 16): a recent-token window of 16, 11 rows in one page, 5 in the last
     "lynx_window": Case("lynx", torch.bfloat16, {"page_size": 64, "chunk_size": 16,
