@@ -48,6 +48,29 @@ inline uint32_t Center(int64_t center)
     return (uint32_t)center;
 }
 
+// LynxConfig.scalar_grid as the compress op's `scalar_grid` argument: 0 = float16, 1 = byte.
+inline uint32_t ScalarGrid(int64_t grid)
+{
+    TORCH_CHECK(grid == LYNX_GRID_FLOAT16 || grid == LYNX_GRID_BYTE, "lynx_ascend: scalar_grid=", grid,
+                " must be 0 (float16) or 1 (byte)");
+    return (uint32_t)grid;
+}
+
+// The compress op's `sigma_levels`: the byte grid's float32 [256] table (lynx_tables.sigma_levels,
+// ascend_c_host.kernel_tables(cfg, "k", "sigma_levels")); required on the byte grid, unused (may be
+// None) on the float16 grid. True when the kernel reads it.
+inline bool CheckSigmaLevels(const c10::optional<at::Tensor>& levels, uint32_t grid)
+{
+    if (grid != LYNX_GRID_BYTE) return false;
+    TORCH_CHECK(levels.has_value() && levels->defined(), "lynx_ascend.compress: scalar_grid=1 (byte) needs the ",
+                "sigma_levels table");
+    const at::Tensor& x = *levels;
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 1 && x.numel() == LYNX_SIGMA_TABLE_SIZE &&
+                    x.is_contiguous(),
+                "lynx_ascend: sigma_levels must be a contiguous float32 [", LYNX_SIGMA_TABLE_SIZE, "] table");
+    return true;
+}
+
 inline LynxTiling Tiling(const LynxTilingArgs& a)
 {
     LynxTiling t;

@@ -113,6 +113,7 @@ std::string Check(const LynxTilingArgs& a)
         }
     }
     if (a.center > LYNX_CENTER_MIDRANGE) return s("center", a.center) + " unknown (0 = mean, 1 = midrange)";
+    if (a.scalarGrid > LYNX_GRID_BYTE) return s("scalar_grid", a.scalarGrid) + " unknown (0 = float16, 1 = byte)";
     if (a.mode > LYNX_MODE_DECOMPRESS_PAGED) return s("mode", a.mode) + " unknown";
     if (a.mode == LYNX_MODE_DECOMPRESS_PAGED) {
         if (a.blockSize == 0) return s("block_size", a.blockSize) + " must be >= 1";
@@ -129,7 +130,9 @@ uint32_t LynxUbBytes(const LynxTiling& t, uint32_t bufferNum)
     const uint64_t stats = t.maxStats;
     const bool token = t.axis[0] == LYNX_AXIS_TOKEN || t.axis[1] == LYNX_AXIS_TOKEN;
     uint64_t q = 0, c = 0;  // queue buffers, calculation buffers
-    q += Align(2ull * LYNX_TABLE_SIZE * 4);                          // threshold / level tables
+    const bool sigmaTable = t.mode == LYNX_MODE_COMPRESS && t.scalarGrid == LYNX_GRID_BYTE;
+    // threshold / level tables of K and V, then (compress, byte grid) the sigma levels
+    q += Align((2ull * LYNX_TABLE_SIZE + (sigmaTable ? LYNX_SIGMA_TABLE_SIZE : 0)) * 4);
     if (t.numSink) q += bufferNum * Align((uint64_t)t.sinkRows * d * es);  // sink pass-through
     if (t.mode == LYNX_MODE_COMPRESS) {
         q += bufferNum * Align((uint64_t)t.maxBlockRows * d * es);   // KV rows in
@@ -177,6 +180,7 @@ std::string LynxComputeTiling(const LynxTilingArgs& a, LynxTiling& t)
         t.axis[kv] = a.axis[kv];
     }
     t.center = a.center;
+    t.scalarGrid = a.scalarGrid;
     for (uint32_t kv = 0; kv < 2; ++kv) {  // LynxConfig.bits / residual_bits / y_max / bias of K, V
         t.anchorBits[kv] = a.anchorBits[kv];
         t.residualBits[kv] = 8 - a.anchorBits[kv];
@@ -184,6 +188,7 @@ std::string LynxComputeTiling(const LynxTilingArgs& a, LynxTiling& t)
         t.bias[kv] = (1u << (t.residualBits[kv] - 1)) - 1;
     }
     t.tableSize = LYNX_TABLE_SIZE;
+    t.sigmaTableSize = LYNX_SIGMA_TABLE_SIZE;
     t.mode = a.mode;
     t.useResidual = a.mode == LYNX_MODE_COMPRESS ? 1 : a.useResidual;
     t.blockSize = a.blockSize;

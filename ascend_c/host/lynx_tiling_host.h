@@ -21,6 +21,7 @@ struct LynxTilingArgs {
     uint32_t axis[2] = {LYNX_AXIS_CHANNEL, LYNX_AXIS_TOKEN};
     uint32_t numSinkTokens = 4;  // LynxConfig.num_sink_tokens
     uint32_t center = LYNX_CENTER_MIDRANGE;  // LynxConfig.center (compress; decompress ignores it)
+    uint32_t scalarGrid = LYNX_GRID_FLOAT16; // LynxConfig.scalar_grid (compress; decompress ignores it)
     uint32_t mode = LYNX_MODE_COMPRESS;
     uint32_t useResidual = 1;    // decompress: full stage
     uint32_t blockSize = 0;      // paged decompress: tokens per cache block

@@ -65,9 +65,10 @@ void CheckStream(const at::Tensor& x, uint64_t bytes, const at::Device& device, 
 // ---- PrivateUse1 (NPU) ----------------------------------------------------------------------
 
 std::tuple<at::Tensor, at::Tensor> compress_npu(const at::Tensor& k, const at::Tensor& v, const at::Tensor& kThr,
-                                                const at::Tensor& vThr, int64_t pageSize, int64_t chunkSize,
-                                                int64_t vChunkSize, int64_t anchorBits, int64_t vAnchorBits,
-                                                int64_t kAxis, int64_t vAxis, int64_t numSink, int64_t center)
+                                                const at::Tensor& vThr, const c10::optional<at::Tensor>& sigLevels,
+                                                int64_t pageSize, int64_t chunkSize, int64_t vChunkSize,
+                                                int64_t anchorBits, int64_t vAnchorBits, int64_t kAxis, int64_t vAxis,
+                                                int64_t numSink, int64_t center, int64_t scalarGrid)
 {
     TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type(),
                 "lynx_ascend.compress: k, v must be [H, T, D] of one shape and dtype");
@@ -78,6 +79,14 @@ std::tuple<at::Tensor, at::Tensor> compress_npu(const at::Tensor& k, const at::T
     LynxTilingArgs a = Args(k.size(0), k.size(1), k.size(2), pageSize, chunkSize, vChunkSize, anchorBits, vAnchorBits,
                             kAxis, vAxis, numSink, LYNX_MODE_COMPRESS);
     a.center = Center(center);
+    a.scalarGrid = ScalarGrid(scalarGrid);
+    // the byte grid's sigma levels; nullptr on the float16 grid (the kernel does not read it then)
+    at::Tensor sig;
+    if (CheckSigmaLevels(sigLevels, a.scalarGrid)) {
+        sig = *sigLevels;
+        TORCH_CHECK(sig.device() == k.device(), "lynx_ascend: sigma_levels is on ", sig.device(), ", expected ",
+                    k.device());
+    }
     const LynxTiling t = Tiling(a);
     at::Tensor kc = k.contiguous(), vc = v.contiguous();
     // zeros: the kernel writes the sections; the 32-byte alignment gaps between them stay 0
@@ -89,13 +98,14 @@ std::tuple<at::Tensor, at::Tensor> compress_npu(const at::Tensor& k, const at::T
     cmd.Name("lynx_compress");
     cmd.SetCustomHandler([=]() -> int {  // captures keep every buffer alive until the launch
         aclrtStream stream = c10_npu::getCurrentNPUStream().stream(false);
+        void* s = sig.defined() ? sig.data_ptr() : nullptr;
         if (bf16)
             ACLRT_LAUNCH_KERNEL(lynx_compress_bf16)(blockDim, stream, kc.data_ptr(), vc.data_ptr(), kThr.data_ptr(),
-                                                    vThr.data_ptr(), anchor.data_ptr(), residual.data_ptr(),
+                                                    vThr.data_ptr(), s, anchor.data_ptr(), residual.data_ptr(),
                                                     tiling.data_ptr());
         else
             ACLRT_LAUNCH_KERNEL(lynx_compress_fp16)(blockDim, stream, kc.data_ptr(), vc.data_ptr(), kThr.data_ptr(),
-                                                    vThr.data_ptr(), anchor.data_ptr(), residual.data_ptr(),
+                                                    vThr.data_ptr(), s, anchor.data_ptr(), residual.data_ptr(),
                                                     tiling.data_ptr());
         return 0;
     });

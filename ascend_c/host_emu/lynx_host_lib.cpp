@@ -47,7 +47,7 @@ uint32_t lynx_host_tiling_bytes() { return sizeof(LynxTiling); }
 int lynx_host_tiling(uint32_t numHeads, uint32_t numTokens, uint32_t headDim, uint32_t dtypeBytes,
                      uint32_t pageSize, uint32_t kChunkSize, uint32_t vChunkSize, uint32_t kAnchorBits,
                      uint32_t vAnchorBits, uint32_t kAxis, uint32_t vAxis, uint32_t numSinkTokens, uint32_t center,
-                     uint32_t mode, uint32_t useResidual, uint32_t blockSize, uint32_t slotBytes, uint64_t numSlots,
+                     uint32_t scalarGrid, uint32_t mode, uint32_t useResidual, uint32_t blockSize, uint32_t slotBytes, uint64_t numSlots,
                      uint32_t ubBytes, void* tilingOut, char* err, uint32_t errLen)
 {
     LynxTilingArgs a;
@@ -64,6 +64,7 @@ int lynx_host_tiling(uint32_t numHeads, uint32_t numTokens, uint32_t headDim, ui
     a.axis[1] = vAxis;
     a.numSinkTokens = numSinkTokens;
     a.center = center;
+    a.scalarGrid = scalarGrid;
     a.mode = mode;
     a.useResidual = useResidual;
     a.blockSize = blockSize;
@@ -110,15 +111,18 @@ void lynx_host_page_kind(const void* tiling, uint32_t kind, uint32_t* numTokens,
 }
 
 int lynx_host_compress(int bf16, uint32_t blockDim, int reverse, void* k, void* v, void* kThr, void* vThr,
-                       void* anchor, void* residual, const void* tiling, uint32_t* ubPeak, char* err, uint32_t errLen)
+                       void* sigLevels, void* anchor, void* residual, const void* tiling, uint32_t* ubPeak, char* err,
+                       uint32_t errLen)
 {
     const LynxTiling& t = *static_cast<const LynxTiling*>(tiling);
     if (t.mode != LYNX_MODE_COMPRESS) return Fail(err, errLen, "tiling is not for compress");
+    if (t.scalarGrid == LYNX_GRID_BYTE && sigLevels == nullptr)
+        return Fail(err, errLen, "scalar_grid=byte needs the sigma level table");
     auto g = [](void* p) { return static_cast<GM_ADDR>(p); };
     GM_ADDR tg = static_cast<GM_ADDR>(const_cast<void*>(tiling));
     return Launch(blockDim, reverse, t, ubPeak, err, errLen, [&] {
-        if (bf16) lynx_compress_bf16(g(k), g(v), g(kThr), g(vThr), g(anchor), g(residual), tg);
-        else lynx_compress_fp16(g(k), g(v), g(kThr), g(vThr), g(anchor), g(residual), tg);
+        if (bf16) lynx_compress_bf16(g(k), g(v), g(kThr), g(vThr), g(sigLevels), g(anchor), g(residual), tg);
+        else lynx_compress_fp16(g(k), g(v), g(kThr), g(vThr), g(sigLevels), g(anchor), g(residual), tg);
     });
 }
 

@@ -6,20 +6,27 @@
  *   gmin, gmax = min, max per channel over the page     (exact: they are input values)
  *   xn = (x - gmin) * inv_scale   (inv_scale = RN(1 / (gmax - gmin)), 0 where not finite, so a
  *                                  constant channel gives 0)
- *   mu = f16((max + min) / 2 over chunk)    (tiling center LYNX_CENTER_MIDRANGE, the default)
- *      = f16(sum(xn over chunk) / count)   (LYNX_CENTER_MEAN, the paper's);  xc = xn - mu
- *   sigma = f16(max |xc| over chunk);      xf = xc * RN(1 / sigma)  (0 where sigma == 0)
- *           (midrange: max(hi - mu, mu - lo), the same float32 value, see MidrangeStats)
+ *   c = (max + min) / 2 over chunk         (tiling center LYNX_CENTER_MIDRANGE, the default)
+ *     = sum(xn over chunk) / count         (LYNX_CENTER_MEAN, the paper's)
+ *   mu = f16(c)                            (tiling scalarGrid LYNX_GRID_FLOAT16)
+ *      = u / 256, u = min(255, max(0, floor(256 c + 1/2)))   (LYNX_GRID_BYTE: StoreMu)
+ *   xc = xn - mu;  need = max |xc| over chunk  (midrange: max(hi - mu, mu - lo), the same
+ *                                               float32 value, see MidrangeStats)
+ *   sigma = f16(need)                      (float16 grid)
+ *         = levels[min(255, #{j : levels[j] < need})]   (byte grid: the smallest of the 256
+ *           sigma levels >= need, a float16 value; binary search as below, SigmaStats)
+ *   xf = xc * RN(1 / sigma)  (0 where sigma == 0)
  *   I = #{j : thresholds[j] <= |xf|}       (branch-free binary search: Gather + Compare + Select)
  *   m = (I + bias) >> r;  res = (m << r) - I;  anchor = xf < 0 ? -m - 1 : m
  *                                      (a anchor + r residual bits: K's and V's own split)
  *
  * The midrange has no rounding-order freedom (max, min, one add, an exact halving), so its
- * streams equal the reference's byte for byte. With the mean, the only value that can differ is
- * a channel-axis chunk sum: the reference adds adjacent pairs (lynx_ref.tree_sum), as the
- * token-axis WholeReduceSum does, while FoldRows folds the upper half of the rows onto the lower
- * half, a different order; and only when the float32 mean lies within a rounding error of a
- * float16 rounding boundary; see ascend_c/README.
+ * streams equal the reference's byte for byte, on either scalar grid. With the mean, the only
+ * value that can differ is a channel-axis chunk sum: the reference adds adjacent pairs
+ * (lynx_ref.tree_sum), as the token-axis WholeReduceSum does, while FoldRows folds the upper
+ * half of the rows onto the lower half, a different order; and only when the float32 mean lies
+ * within a rounding error of a rounding boundary of mu (float16, or the byte grid's half-steps);
+ * see ascend_c/README.
  *
  * Pipeline per work item (page, K|V, head): pass 1 streams the page's row blocks through the
  * double-buffered input queue to get gamma; pass 2 streams them again:
@@ -34,10 +41,11 @@ class LynxCompress {
 public:
     __aicore__ inline LynxCompress() {}
 
-    __aicore__ inline void Init(GM_ADDR k, GM_ADDR v, GM_ADDR kThr, GM_ADDR vThr, GM_ADDR anchor,
-                                GM_ADDR residual, const LynxTiling* tiling, AscendC::TPipe* pipe)
+    __aicore__ inline void Init(GM_ADDR k, GM_ADDR v, GM_ADDR kThr, GM_ADDR vThr, GM_ADDR sigLevels,
+                                GM_ADDR anchor, GM_ADDR residual, const LynxTiling* tiling, AscendC::TPipe* pipe)
     {
         t_ = tiling;
+        byteGrid_ = t_->scalarGrid == LYNX_GRID_BYTE;
         anchor_ = anchor;
         residual_ = residual;
         const uint64_t layer = (uint64_t)t_->numHeads * t_->numTokens * t_->headDim;
@@ -45,12 +53,13 @@ public:
         kvGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v), layer);
         thrGm_[0].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(kThr), t_->tableSize);
         thrGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(vThr), t_->tableSize);
+        if (byteGrid_) sigGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(sigLevels), t_->sigmaTableSize);
         anchorGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(anchor), t_->anchorTotal);
         residualGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(residual), t_->residualTotal);
 
         const uint32_t d = t_->headDim, es = sizeof(T), np = t_->blockElems, sb = t_->subBlock;
         const uint32_t stats = t_->maxStats;
-        pipe->InitBuffer(tableQueue_, 1, 2 * t_->tableSize * sizeof(float));
+        pipe->InitBuffer(tableQueue_, 1, (2 * t_->tableSize + (byteGrid_ ? t_->sigmaTableSize : 0)) * sizeof(float));
         if (t_->numSink) pipe->InitBuffer(sinkQueue_, BUFFER_NUM, t_->sinkRows * d * es);
         pipe->InitBuffer(inQueue_, BUFFER_NUM, t_->maxBlockRows * d * es);
         pipe->InitBuffer(codeQueue_, BUFFER_NUM, LynxCodeBytes(*t_, np, false));
@@ -83,6 +92,7 @@ public:
         AscendC::LocalTensor<float> tables = tableQueue_.AllocTensor<float>();
         AscendC::DataCopy(tables, thrGm_[0], t_->tableSize);
         AscendC::DataCopy(tables[t_->tableSize], thrGm_[1], t_->tableSize);
+        if (byteGrid_) AscendC::DataCopy(tables[2 * t_->tableSize], sigGm_, t_->sigmaTableSize);
         tableQueue_.EnQue(tables);
         tables_ = tableQueue_.DeQue<float>();
         BuildShifts();
@@ -256,8 +266,7 @@ private:
                 AscendC::Abs(w, x, n);
                 ChannelChunks(Op::MAX, w, sum, rows, c);
             }
-            AscendC::Cast(stats[ms], sum, AscendC::RoundMode::CAST_RINT, nstat);
-            AscendC::Cast(sig, stats[ms], AscendC::RoundMode::CAST_NONE, nstat);
+            SigmaStats(stats[ms], sig, sum, nstat);
             ReciprocalOrZero(sig, cnt, sigMaskBuf_.Get<uint8_t>(), LynxRoundUp(nstat, REPEAT_FLOATS));
             for (uint32_t k = 0; k < nch; ++k)
                 RowBroadcast(Op::MUL, x[k * c * d], x[k * c * d], sig[k * d], Min(c, rows - k * c), d);
@@ -289,8 +298,7 @@ private:
                     AscendC::WholeReduceMax(sum[r0], w[r0 * tc], (int32_t)tc, (int32_t)Min(REDUCE_STEP, nstat - r0),
                                             1, 1, cBlocks, AscendC::ReduceOrder::ORDER_ONLY_VALUE);
             }
-            AscendC::Cast(stats[ms], sum, AscendC::RoundMode::CAST_RINT, nstat);
-            AscendC::Cast(sig, stats[ms], AscendC::RoundMode::CAST_NONE, nstat);
+            SigmaStats(stats[ms], sig, sum, nstat);
             ReciprocalOrZero(sig, cnt, sigMaskBuf_.Get<uint8_t>(), LynxRoundUp(nstat, REPEAT_FLOATS));
             ChunkBroadcast(Op::MUL, x, x, sig, spread, nstat, tc);
         }
@@ -309,32 +317,89 @@ private:
         return nstat;
     }
 
-    // Mean centre: mu = f16(sum / count) -> stats[0, nstat) (float16) and mu (float32).
+    // Mean centre: c = sum / count, mu = f16(c) or on the byte grid -> stats[0, nstat) (float16)
+    // and mu (float32).
     __aicore__ inline void MeanStats(const AscendC::LocalTensor<half>& stats, const AscendC::LocalTensor<float>& mu,
                                      const AscendC::LocalTensor<float>& sum, const AscendC::LocalTensor<float>& cnt,
                                      uint32_t nstat)
     {
         AscendC::Div(sum, sum, cnt, nstat);
-        AscendC::Cast(stats, sum, AscendC::RoundMode::CAST_RINT, nstat);
-        AscendC::Cast(mu, stats, AscendC::RoundMode::CAST_NONE, nstat);
+        StoreMu(stats, mu, sum, nstat);
     }
 
-    // Midrange centre: mu = f16((hi + lo) / 2) -> stats[0, nstat) and mu (float32); then
-    // hi <- max(hi - mu, mu - lo), which is max |xn - mu| over the chunk before the float16
-    // rounding of sigma: float32 subtraction rounds monotonically, so the chunk's largest and
-    // smallest values give the largest |RN(x - mu)| (the CPU kernel's identity), and no pass
-    // over the block's values is needed.
+    // Midrange centre: c = (hi + lo) / 2, mu = f16(c) or on the byte grid -> stats[0, nstat) and
+    // mu (float32); then hi <- max(hi - mu, mu - lo), which is max |xn - mu| over the chunk
+    // before sigma is rounded (float16) or snapped (byte grid): float32 subtraction rounds
+    // monotonically, so the chunk's largest and smallest values give the largest |RN(x - mu)|
+    // (the CPU kernel's identity), and no pass over the block's values is needed.
     __aicore__ inline void MidrangeStats(const AscendC::LocalTensor<half>& stats, const AscendC::LocalTensor<float>& mu,
                                          const AscendC::LocalTensor<float>& hi, const AscendC::LocalTensor<float>& lo,
                                          uint32_t nstat)
     {
         AscendC::Add(mu, hi, lo, nstat);
         AscendC::Muls(mu, mu, 0.5f, nstat);  // * 0.5 == / 2 exactly (IEEE, both correctly rounded)
-        AscendC::Cast(stats, mu, AscendC::RoundMode::CAST_RINT, nstat);
-        AscendC::Cast(mu, stats, AscendC::RoundMode::CAST_NONE, nstat);
+        StoreMu(stats, mu, mu, nstat);
         AscendC::Sub(hi, hi, mu, nstat);
         AscendC::Sub(lo, mu, lo, nstat);
         AscendC::Max(hi, hi, lo, nstat);
+    }
+
+    // centre c (float32, clobbered on the byte grid) -> mu: stats[0, nstat) (float16) and mu
+    // (float32, the float16 value). Float16 grid: f16(c). Byte grid: u / 256 with
+    // u = min(255, max(0, floor(256 c + 1/2))): 256 c is exact (a power of two), + 1/2 rounds as
+    // the reference's float32 add does, CAST_FLOOR to int32 and back is exact below 2^24, and
+    // u / 256 is a float16 value, so the float16 store and reload are exact. The sigma buffer is
+    // free here (sigma comes after mu) and holds the int32 floors.
+    __aicore__ inline void StoreMu(const AscendC::LocalTensor<half>& stats, const AscendC::LocalTensor<float>& mu,
+                                   const AscendC::LocalTensor<float>& c, uint32_t nstat)
+    {
+        if (byteGrid_) {
+            AscendC::LocalTensor<int32_t> u = sigBuf_.Get<int32_t>();
+            AscendC::Muls(c, c, 256.0f, nstat);
+            AscendC::Adds(c, c, 0.5f, nstat);
+            AscendC::Cast(u, c, AscendC::RoundMode::CAST_FLOOR, nstat);
+            AscendC::Cast(c, u, AscendC::RoundMode::CAST_NONE, nstat);
+            AscendC::Maxs(c, c, 0.0f, nstat);
+            AscendC::Mins(c, c, 255.0f, nstat);
+            AscendC::Muls(c, c, 1.0f / 256, nstat);  // exact: a power of two
+        }
+        AscendC::Cast(stats, c, AscendC::RoundMode::CAST_RINT, nstat);
+        AscendC::Cast(mu, stats, AscendC::RoundMode::CAST_NONE, nstat);
+    }
+
+    // need = max |xc| of each chunk (clobbered) -> sigma: float16 in stats (the block's sigma
+    // half) and float32 in sig. Float16 grid: f16(need). Byte grid: levels[idx], idx =
+    // min(255, #{j : levels[j] < need}), the smallest level >= need (levels increase from
+    // levels[0] = 0, so a constant chunk gets 0): the branch-free binary search of Quantize over
+    // the 256 levels, 8 steps of Gather + Compare(LT) + Select, idx kept as a byte offset
+    // (exact integers); it ends at 255 at most, which is the clamp. Each level is a float16
+    // value, so the float16 store is exact. Scratch: sig (the offset), the count buffer (free
+    // once mu is out) and the work buffer (int32 offsets; maxStats <= blockElems), whole
+    // repeats for Compare (the lanes past nstat are never stored).
+    __aicore__ inline void SigmaStats(const AscendC::LocalTensor<half>& stats, const AscendC::LocalTensor<float>& sig,
+                                      const AscendC::LocalTensor<float>& need, uint32_t nstat)
+    {
+        if (byteGrid_) {
+            const uint32_t n = LynxRoundUp(nstat, REPEAT_FLOATS);
+            const AscendC::LocalTensor<float> levels = tables_[2 * t_->tableSize];
+            AscendC::LocalTensor<float> pos = sig;
+            AscendC::LocalTensor<float> tmp = cntBuf_.Get<float>();
+            AscendC::LocalTensor<int32_t> off = workBuf_.Get<int32_t>();
+            AscendC::LocalTensor<uint8_t> mask = sigMaskBuf_.Get<uint8_t>();
+            AscendC::Duplicate(pos, 0.0f, n);
+            for (uint32_t step = t_->sigmaTableSize / 2; step >= 1; step /= 2) {
+                AscendC::Adds(tmp, pos, (float)((step - 1) * sizeof(float)), n);  // levels[idx + step - 1]
+                AscendC::Cast(off, tmp, AscendC::RoundMode::CAST_RINT, n);
+                AscendC::Gather(tmp, levels, off.ReinterpretCast<uint32_t>(), 0, n);
+                AscendC::Compare(mask, tmp, need, AscendC::CMPMODE::LT, n);
+                AscendC::Adds(tmp, pos, (float)(step * sizeof(float)), n);
+                AscendC::Select(pos, mask, tmp, pos, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+            }
+            AscendC::Cast(off, pos, AscendC::RoundMode::CAST_RINT, n);
+            AscendC::Gather(need, levels, off.ReinterpretCast<uint32_t>(), 0, n);
+        }
+        AscendC::Cast(stats, need, AscendC::RoundMode::CAST_RINT, nstat);
+        AscendC::Cast(sig, stats, AscendC::RoundMode::CAST_NONE, nstat);
     }
 
     // Channel-axis chunks (c rows of one column): folds each chunk of w with op and gathers the
@@ -499,8 +564,12 @@ private:
     GM_ADDR residual_ = nullptr;
     AscendC::GlobalTensor<T> kvGm_[2];
     AscendC::GlobalTensor<float> thrGm_[2];
+    AscendC::GlobalTensor<float> sigGm_;  // byte grid: the 256 sigma levels
+    bool byteGrid_ = false;               // tiling scalarGrid == LYNX_GRID_BYTE
     AscendC::GlobalTensor<uint8_t> anchorGm_, residualGm_;
-    AscendC::LocalTensor<float> tables_;  // [2, tableSize] thresholds of K then V, whole kernel
+    // [2, tableSize] thresholds of K then V (+ [sigmaTableSize] sigma levels on the byte grid),
+    // whole kernel
+    AscendC::LocalTensor<float> tables_;
 
     AscendC::TQue<AscendC::TPosition::VECIN, 1> tableQueue_;
     AscendC::TQueBind<AscendC::TPosition::VECIN, AscendC::TPosition::VECOUT, BUFFER_NUM> sinkQueue_;
@@ -517,7 +586,7 @@ private:
     AscendC::TBuf<AscendC::TPosition::VECCALC> rowMaskBuf_;            // [dimPad] bits
     AscendC::TBuf<AscendC::TPosition::VECCALC> f1Buf_, f2Buf_, f3Buf_, offBuf_;    // [subBlock]
     AscendC::TBuf<AscendC::TPosition::VECCALC> maskBuf_;               // [subBlock] bits
-    AscendC::TBuf<AscendC::TPosition::VECCALC> sigMaskBuf_;            // [maxStats] bits
+    AscendC::TBuf<AscendC::TPosition::VECCALC> sigMaskBuf_;            // [maxStats] bits: sigma > 0, sigma search
     AscendC::TBuf<AscendC::TPosition::VECCALC> shiftBuf_;              // [code streams] blocks: 2^shift
 };
 
@@ -525,13 +594,14 @@ private:
 
 #define LYNX_COMPRESS_ENTRY(NAME, TYPE)                                                                  \
     extern "C" __global__ __aicore__ void NAME(GM_ADDR k, GM_ADDR v, GM_ADDR kThr, GM_ADDR vThr,        \
-                                               GM_ADDR anchor, GM_ADDR residual, GM_ADDR tiling)        \
+                                               GM_ADDR sigLevels, GM_ADDR anchor, GM_ADDR residual,     \
+                                               GM_ADDR tiling)                                          \
     {                                                                                                    \
         LynxTiling t;                                                                                    \
         lynx::CopyTiling(&t, tiling);                                                                    \
         AscendC::TPipe pipe;                                                                             \
         lynx::LynxCompress<TYPE> op;                                                                     \
-        op.Init(k, v, kThr, vThr, anchor, residual, &t, &pipe);                                          \
+        op.Init(k, v, kThr, vThr, sigLevels, anchor, residual, &t, &pipe);                               \
         op.Process();                                                                                    \
     }
 

@@ -29,6 +29,7 @@
 
 constexpr uint32_t LYNX_ALIGN = 32;          // bytes: section alignment and UB block size
 constexpr uint32_t LYNX_TABLE_SIZE = 128;    // entries: thresholds/levels padded to a power of 2
+constexpr uint32_t LYNX_SIGMA_TABLE_SIZE = 256;  // entries: the byte grid's sigma levels (lynx_tables.sigma_levels)
 constexpr uint32_t LYNX_NUM_SECTIONS = 10;
 constexpr uint32_t LYNX_NUM_KINDS = 3;
 // Code streams (K anchor, K residual, V anchor, V residual) and the 32-byte blocks of per-lane
@@ -58,6 +59,11 @@ enum LynxAxis : uint32_t {
 enum LynxCenter : uint32_t {
     LYNX_CENTER_MEAN = 0,      // mu = f16(pairwise-tree sum / count): the paper's
     LYNX_CENTER_MIDRANGE = 1,  // mu = f16((max + min) / 2): LynxConfig's default
+};
+
+enum LynxScalarGrid : uint32_t {
+    LYNX_GRID_FLOAT16 = 0,  // mu = f16(centre), sigma = f16(max |xc|): any float16 (the paper's)
+    LYNX_GRID_BYTE = 1,     // mu = u / 256, sigma = the smallest of 256 levels >= max |xc| (lynx_tables.py)
 };
 
 enum LynxPageKindId : uint32_t {
@@ -95,11 +101,13 @@ struct LynxTiling {
     uint32_t numPages;
     uint32_t axis[2];        // LynxAxis of K, V
     uint32_t center;         // LynxCenter of the chunk centre mu (compress only)
+    uint32_t scalarGrid;     // LynxScalarGrid of the chunk scalars mu, sigma (compress only)
     uint32_t anchorBits[2];  // a of K, V: bits of an anchor code (2..7)
     uint32_t residualBits[2];  // r = 8 - a of K, V
     uint32_t yMax[2];        // largest magnitude code of K, V: (2^(a-1) - 1) << r (112 for 4 + 4)
     uint32_t bias[2];        // round-half-down bias of K's, V's split: 2^(r-1) - 1 (7 for 4 + 4)
     uint32_t tableSize;      // LYNX_TABLE_SIZE
+    uint32_t sigmaTableSize; // LYNX_SIGMA_TABLE_SIZE (compress on the byte grid reads the sigma levels)
     // work split and buffers
     uint32_t mode;           // LynxMode
     uint32_t useResidual;    // decompress: 1 = full stage, 0 = anchor only

@@ -43,10 +43,12 @@ def _ascend_c_dir() -> pathlib.Path:
 
 ASCEND_C_DIR = _ascend_c_dir()
 TABLE_SIZE = 128          # LYNX_TABLE_SIZE in ascend_c/kernels/lynx_tiling.h
+SIGMA_TABLE_SIZE = 256    # LYNX_SIGMA_TABLE_SIZE: the byte grid's sigma levels
 DEFAULT_BLOCK_DIM = 8     # emulated AI Vector cores (an Atlas 800I A2 910B has 40 / 48)
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 _AXES = {"channel": 0, "token": 1}
 _CENTERS = {"mean": 0, "midrange": 1}   # LynxCenter in ascend_c/kernels/lynx_tiling.h
+_GRIDS = {"float16": 0, "byte": 1}      # LynxScalarGrid (LynxConfig.scalar_grid)
 _MODE_COMPRESS, _MODE_DECOMPRESS, _MODE_PAGED = 0, 1, 2
 _FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
           "-DLYNX_HOST_EMU=1"]
@@ -163,11 +165,11 @@ def _load(path: pathlib.Path) -> ctypes.CDLL:
     u32, u64, vp, cp = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p
     lib.lynx_host_buffer_num.restype = u32
     lib.lynx_host_tiling_bytes.restype = u32
-    lib.lynx_host_tiling.argtypes = [u32] * 17 + [u64, u32, vp, cp, u32]
+    lib.lynx_host_tiling.argtypes = [u32] * 18 + [u64, u32, vp, cp, u32]
     lib.lynx_host_tiling_summary.argtypes = [vp] + [ctypes.POINTER(u64)] * 2 + [ctypes.POINTER(u32)] * 5
     lib.lynx_host_page_kind.argtypes = [vp, u32, ctypes.POINTER(u32), ctypes.POINTER(u32),
                                         ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(u64)]
-    lib.lynx_host_compress.argtypes = [ctypes.c_int, u32, ctypes.c_int] + [vp] * 7 + [ctypes.POINTER(u32), cp, u32]
+    lib.lynx_host_compress.argtypes = [ctypes.c_int, u32, ctypes.c_int] + [vp] * 8 + [ctypes.POINTER(u32), cp, u32]
     lib.lynx_host_decompress.argtypes = [ctypes.c_int, u32, ctypes.c_int] + [vp] * 8 + [ctypes.POINTER(u32), cp, u32]
     return lib
 
@@ -217,12 +219,16 @@ def make_tiling(cfg: LynxConfig, num_heads: int, num_tokens: int, head_dim: int,
     """Runs the C++ host tiling function; unsupported requests raise ValueError naming the value."""
     if dtype not in _DTYPES:
         raise ValueError(f"{dtype=} unsupported by the Ascend C kernels: float16 or bfloat16 KV")
+    reason = _codec_unsupported(cfg)
+    if reason:
+        raise ValueError(f"Ascend C kernels cannot run this request: {reason}")
     lib = library(buffer_num)
     raw = (ctypes.c_uint8 * lib.lynx_host_tiling_bytes())()
     err = ctypes.create_string_buffer(512)
     rc = lib.lynx_host_tiling(num_heads, num_tokens, head_dim, 2, cfg.page_size, cfg.chunk("k"),
                               cfg.chunk("v"), cfg.bits("k"), cfg.bits("v"), _AXES[cfg.k_axis], _AXES[cfg.v_axis],
-                              cfg.num_sink_tokens, _CENTERS[cfg.center], mode, int(use_residual), block_size,
+                              cfg.num_sink_tokens, _CENTERS[cfg.center], _GRIDS[cfg.scalar_grid], mode,
+                              int(use_residual), block_size,
                               slot_bytes, num_slots, 0, raw, err, len(err))
     if rc:
         raise ValueError(f"Ascend C kernels cannot run this request: {err.value.decode()}")
@@ -236,7 +242,17 @@ def make_tiling(cfg: LynxConfig, num_heads: int, num_tokens: int, head_dim: int,
 
 
 def kernel_tables(cfg: LynxConfig, which: str, kind: str) -> torch.Tensor:
-    """float32 [128]: lynx_tables thresholds padded with +inf, or levels padded with 1."""
+    """float32 [128]: lynx_tables thresholds padded with +inf, or levels padded with 1; or
+    (kind "sigma_levels", the compress kernel's on the byte scalar grid) float32 [256]: the
+    byte grid's sigma levels (lynx_tables.sigma_levels, the same for K and V and every config)."""
+    if kind == "sigma_levels":
+        t = lynx_tables.sigma_levels()
+        if t.numel() != SIGMA_TABLE_SIZE:
+            raise ValueError(f"lynx_tables.sigma_levels() has {t.numel()} levels; the kernel's "
+                             f"table holds {SIGMA_TABLE_SIZE}")
+        return t.contiguous()
+    if kind not in ("thresholds", "levels"):
+        raise ValueError(f"{kind=} must be 'thresholds', 'levels' or 'sigma_levels'")
     alpha = cfg.alpha(which)
     if kind == "thresholds":
         t, fill = lynx_tables.thresholds(alpha, cfg.y_max(which)), float("inf")
@@ -260,6 +276,15 @@ def _config(config: LynxConfig | None) -> LynxConfig:
     return config if config is not None else make_config()
 
 
+def _codec_unsupported(cfg: LynxConfig) -> str | None:
+    """Why the kernels cannot quantize with cfg's chunk scalars (centre, grid), or None."""
+    if cfg.center not in _CENTERS:
+        return f"center={cfg.center!r} (the kernels implement {', '.join(_CENTERS)})"
+    if cfg.scalar_grid not in _GRIDS:
+        return f"scalar_grid={cfg.scalar_grid!r} (the kernels implement {', '.join(_GRIDS)})"
+    return None
+
+
 def compress(k: torch.Tensor, v: torch.Tensor, config: LynxConfig | None = None, *,
              block_dim: int = DEFAULT_BLOCK_DIM, buffer_num: int = 2,
              reverse_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -271,13 +296,14 @@ def compress(k: torch.Tensor, v: torch.Tensor, config: LynxConfig | None = None,
     tiling = make_tiling(cfg, h, t, d, k.dtype, mode=_MODE_COMPRESS, buffer_num=buffer_num)
     k, v = k.contiguous(), v.contiguous()
     thr = [kernel_tables(cfg, w, "thresholds") for w in "kv"]
+    sig = kernel_tables(cfg, "k", "sigma_levels") if cfg.scalar_grid == "byte" else None
     anchor = torch.zeros(tiling.anchor_nbytes, dtype=torch.uint8)
     residual = torch.zeros(tiling.residual_nbytes, dtype=torch.uint8)
     err = ctypes.create_string_buffer(1024)
     peak = ctypes.c_uint32()
     rc = library(buffer_num).lynx_host_compress(
         _DTYPES[k.dtype], min(block_dim, tiling.num_work), int(reverse_blocks), _ptr(k), _ptr(v),
-        _ptr(thr[0]), _ptr(thr[1]), _ptr(anchor), _ptr(residual), tiling.raw, peak, err, len(err))
+        _ptr(thr[0]), _ptr(thr[1]), _ptr(sig), _ptr(anchor), _ptr(residual), tiling.raw, peak, err, len(err))
     _check(rc, err, "Ascend C compress (host build)")
     return anchor, residual
 
@@ -378,8 +404,9 @@ class AscendCBackend:
         self._kernels = kernels
 
     def supports(self, cfg: LynxConfig, num_kv_heads: int, head_dim: int, dtype) -> str | None:
-        if cfg.center not in _CENTERS:
-            return f"center={cfg.center!r} (the kernels implement {', '.join(_CENTERS)})"
+        reason = _codec_unsupported(cfg)
+        if reason:
+            return reason
         # the largest page (sinks + a full body page) bounds the tiling's Unified Buffer plan
         return self._kernels.check(cfg, num_kv_heads, cfg.num_sink_tokens + cfg.page_size, head_dim, dtype)
 
@@ -444,13 +471,14 @@ class _NpuKernels:
 
     @staticmethod
     def _args(cfg: LynxConfig) -> tuple[int, ...]:
-        """The codec arguments every op takes (compress also takes the centre: _compress_args)."""
+        """The codec arguments every op takes (compress also takes the centre and the scalar
+        grid: _compress_args)."""
         return (cfg.page_size, cfg.chunk("k"), cfg.chunk("v"), cfg.bits("k"), cfg.bits("v"), _AXES[cfg.k_axis],
                 _AXES[cfg.v_axis], cfg.num_sink_tokens)
 
     @classmethod
     def _compress_args(cls, cfg: LynxConfig) -> tuple[int, ...]:
-        return (*cls._args(cfg), _CENTERS[cfg.center])
+        return (*cls._args(cfg), _CENTERS[cfg.center], _GRIDS[cfg.scalar_grid])
 
     def _table_pair(self, cfg: LynxConfig, kind: str, device) -> list[torch.Tensor]:
         key = (cfg.alpha_k, cfg.alpha_v, cfg.anchor_bits, cfg.v_anchor_bits, kind, str(device))
@@ -458,20 +486,31 @@ class _NpuKernels:
             self._tables[key] = [kernel_tables(cfg, w, kind).to(device) for w in "kv"]
         return self._tables[key]
 
+    def _sigma_levels(self, cfg: LynxConfig, device) -> torch.Tensor | None:
+        """The compress op's sigma level table: on the byte scalar grid only (None otherwise)."""
+        if cfg.scalar_grid != "byte":
+            return None
+        key = ("sigma_levels", str(device))
+        if key not in self._tables:
+            self._tables[key] = kernel_tables(cfg, "k", "sigma_levels").to(device)
+        return self._tables[key]
+
     def check(self, cfg, num_kv_heads, num_tokens, head_dim, dtype) -> str | None:
         if dtype not in _DTYPES:
             return f"{dtype=} unsupported by the Ascend C kernels: float16 or bfloat16 KV"
         x = torch.empty(num_kv_heads, num_tokens, head_dim, dtype=dtype, device="meta")
         t = torch.empty(TABLE_SIZE, device="meta")
+        sig = self._sigma_levels(cfg, "meta")
         try:  # the Meta implementation runs the same host tiling as the NPU one
-            self.ops.compress(x, x, t, t, *self._compress_args(cfg))
+            self.ops.compress(x, x, t, t, sig, *self._compress_args(cfg))
         except RuntimeError as e:
             return str(e)
         return None
 
     def compress(self, k, v, config):
         thr = self._table_pair(config, "thresholds", k.device)
-        return self.ops.compress(k, v, *thr, *self._compress_args(config))
+        sig = self._sigma_levels(config, k.device)
+        return self.ops.compress(k, v, *thr, sig, *self._compress_args(config))
 
     def decompress(self, anchor, residual, shape, dtype, config, *, stage="full"):
         lv = self._table_pair(config, "levels", anchor.device)

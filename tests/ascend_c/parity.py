@@ -54,6 +54,57 @@ def exact_kv(cfg: LynxConfig, h: int, t: int, d: int, dtype: torch.dtype, seed: 
     return out[0], out[1]
 
 
+def edge_kv(cfg: LynxConfig, h: int, t: int, d: int, dtype: torch.dtype, *, exact: bool, seed: int = 0):
+    """KV with, in every page, the chunks where the chunk scalars are extreme (the byte scalar
+    grid's edge cases: lynx_tables.mu_on_grid / sigma_index), over ``exact_kv``'s pages whose
+    every channel spans [0, 64] (tokens body_start and body_start + 1):
+
+    - channel 0 constant over the layer: a constant page channel (xn = 0: mu = sigma = 0);
+    - channels [w, 2w) (w: the tensor's token-axis chunk width, min(C, D)) copies of channel w:
+      per token, a constant token-axis chunk at that channel's xn (mostly off the byte grid);
+    - channels 1 and 3 constant over the page's second chunk of C tokens: constant channel-axis
+      chunks inside a varying channel, off the byte grid (1) and at the channel's max (3: xn = 1,
+      mu clamped to 255 / 256);
+    - the page's first chunk of C tokens holds each channel's min and max: channel-axis chunks
+      spanning their page channel's whole range (midrange mu = 0.5, sigma 0.5; mean: sigma up to
+      the top level, or clamped to it); token body_start + 2 alternates min / max over the
+      channels: token-axis chunks spanning the whole range; token body_start (all 0) and
+      body_start + 1 (all 64): constant token-axis chunks at xn = 0 and xn = 1 (mu clamped to
+      255 / 256);
+    - channel 2 at its max over the rest of that first chunk: the mean close to 1, sigma clamped
+      to the top level (need > every level).
+
+    ``exact``: integer values (xn multiples of 1/64: chunk sums exact in any order, so either
+    centre must give the reference's bytes); else uniform reals (the midrange only).
+    """
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for which in range(2):
+        shape = (h, t, d)
+        q = torch.randint(0, 65, shape, generator=g).float() if exact else torch.rand(shape, generator=g) * 64
+        c = cfg.chunk("kv"[which])
+        w = min(c, d)
+        for s in page_spans(cfg, t):
+            b, n = s.body_start, s.num_tokens
+            if n >= 2:
+                q[:, b] = 0.0
+                q[:, b + 1] = 64.0
+            if n >= 3:
+                q[:, b + 2, 0::2] = 0.0
+                q[:, b + 2, 1::2] = 64.0
+            if n > c:
+                q[:, b + c:b + min(2 * c, n), 1] = 23.0 if exact else 23.3
+                q[:, b + c:b + min(2 * c, n), 3] = 64.0
+            if n >= 3:
+                q[:, b + 2:b + min(c, n), 2] = 64.0
+        if d >= 2 * w:
+            q[:, :, w:2 * w] = q[:, :, w:w + 1]
+        q[:, :, 0] = 17.0
+        e = float(2 ** (which - 1))
+        out.append(((q - 32.0) * e).to(dtype))
+    return out[0], out[1]
+
+
 @dataclass
 class PageView:
     """One page of one of K / V: its sections' bytes, per-value codes and per-value chunk ids."""

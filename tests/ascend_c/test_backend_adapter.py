@@ -3,7 +3,7 @@
 On an NPU the same adapter drives torch.ops.lynx_ascend (ascend_c_host.npu_backend); here it
 drives the g++ build, and is checked against the ``torch`` (reference) backend for layer plans,
 page plans (a page buffer on its own), dense outputs and paged caches, both stages, both chunk
-centres; and on an ``npu`` device the default configuration dispatches to it.
+centres, both scalar grids; and on an ``npu`` device the default configuration dispatches to it.
 """
 import pytest
 import torch
@@ -21,7 +21,9 @@ H, T, D = 2, 150, 32
 
 @pytest.fixture(scope="module", params=[{"center": "midrange"}, {"center": "mean"},
                                         {"center": "midrange", "v_chunk_size": 64},
-                                        {"center": "midrange", "anchor_bits": 5, "v_anchor_bits": 4}], ids=str)
+                                        {"center": "midrange", "anchor_bits": 5, "v_anchor_bits": 4},
+                                        {"center": "midrange", "scalar_grid": "byte"},
+                                        {"center": "mean", "scalar_grid": "byte"}], ids=str)
 def streams(host_build, request):
     cfg = CFG.replace(**request.param)
     k, v = exact_kv(cfg, H, T, D, torch.bfloat16)
@@ -83,12 +85,21 @@ def test_supports_names_what_it_cannot_run(host_build):
     assert "v_chunk_size=48" in backend.supports(LynxConfig(v_chunk_size=48), 8, 128, torch.bfloat16)
     for kb, vb in ((5, 4), (4, 5), (6, 3)):  # K, V splits differ
         assert backend.supports(LynxConfig(anchor_bits=kb, v_anchor_bits=vb), 8, 128, torch.bfloat16) is None
+    for grid in ("float16", "byte"):  # both scalar grids
+        assert backend.supports(LynxConfig(scalar_grid=grid), 8, 128, torch.bfloat16) is None
+    for field, value in (("scalar_grid", "int8"), ("center", "median")):
+        cfg = LynxConfig()
+        object.__setattr__(cfg, field, value)  # past LynxConfig's own check: a value from elsewhere
+        reason = backend.supports(cfg, 8, 128, torch.bfloat16)
+        assert reason is not None and f"{field}={value!r}" in reason, reason
 
 
-@pytest.mark.parametrize("cfg", [LynxConfig(), LynxConfig(center="mean"), LynxConfig(anchor_bits=5, v_anchor_bits=4)],
-                         ids=["midrange", "mean", "split-5-4"])
+@pytest.mark.parametrize("cfg", [LynxConfig(), LynxConfig(center="mean"), LynxConfig(anchor_bits=5, v_anchor_bits=4),
+                                 LynxConfig(scalar_grid="byte"), LynxConfig(scalar_grid="float16")],
+                         ids=["midrange", "mean", "split-5-4", "byte-grid", "float16-grid"])
 def test_npu_tensors_dispatch_to_ascend_c(host_build, monkeypatch, cfg):
-    """Neither centre nor a K, V split of their own falls back to the torch reference on an NPU."""
+    """Neither centre, nor scalar grid, nor a K, V split of their own falls back to the torch
+    reference on an NPU."""
     monkeypatch.delenv("LYNX_BACKEND", raising=False)
     monkeypatch.setitem(backends._REGISTRY, "ascend_c",  # the host build stands in for the NPU one
                         backends._Entry("ascend_c", ("npu",), host_build.host_backend))

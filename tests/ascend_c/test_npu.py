@@ -27,12 +27,13 @@ def npu_ops():
 
 
 @pytest.mark.parametrize("split", [(4, 4), (5, 4)])  # K's and V's anchor bits
+@pytest.mark.parametrize("grid", ["float16", "byte"])
 @pytest.mark.parametrize("center", ["midrange", "mean"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_npu_compress_and_decompress_match_the_reference(npu_ops, dtype, center, split):
+def test_npu_compress_and_decompress_match_the_reference(npu_ops, dtype, center, grid, split):
     from lynx_npu.ops.ascend_c_host import kernel_tables
 
-    codec = LynxCodec(center=center, anchor_bits=split[0], v_anchor_bits=split[1])
+    codec = LynxCodec(center=center, scalar_grid=grid, anchor_bits=split[0], v_anchor_bits=split[1])
     cfg = codec.config
     k, v = random_kv(4, 1100, 128, dtype, seed=5)
     ref = codec.encode(k, v)
@@ -41,12 +42,14 @@ def test_npu_compress_and_decompress_match_the_reference(npu_ops, dtype, center,
             axes[cfg.v_axis], cfg.num_sink_tokens)
     thr = [kernel_tables(cfg, w, "thresholds").npu() for w in "kv"]
     lv = [kernel_tables(cfg, w, "levels").npu() for w in "kv"]
-    a, r = npu_ops.compress(k.npu(), v.npu(), *thr, *args, {"mean": 0, "midrange": 1}[center])
+    sig = kernel_tables(cfg, "k", "sigma_levels").npu() if grid == "byte" else None
+    a, r = npu_ops.compress(k.npu(), v.npu(), *thr, sig, *args, {"mean": 0, "midrange": 1}[center],
+                            {"float16": 0, "byte": 1}[grid])
     if center == "midrange":  # no addition order: identical bytes, as in the host-build test
         assert torch.equal(a.cpu(), ref.anchor) and torch.equal(r.cpu(), ref.residual)
     else:
         mismatch = (a.cpu() != ref.anchor).float().mean().item()
-        assert mismatch < 1e-3  # same rule as the host-build test: only float16 means may differ
+        assert mismatch < 1e-3  # same rule as the host-build test: only rounded means may differ
     ko, vo = npu_ops.decompress(ref.anchor.npu(), ref.residual.npu(), *lv, 4, 1100, 128,
                                 dtype == torch.bfloat16, *args)
     want_k, want_v = codec.decode(ref, "full")

@@ -15,9 +15,11 @@ from .parity import random_kv
 SHAPE = (2, 600, 128)  # with 256-token pages: several row blocks per page
 
 
-@pytest.fixture(scope="module", params=["midrange", "mean"])
+@pytest.fixture(scope="module", params=[("midrange", "float16"), ("mean", "float16"), ("midrange", "byte"),
+                                        ("mean", "byte")], ids="-".join)
 def layer(request):
-    codec = LynxCodec(center=request.param)
+    center, grid = request.param
+    codec = LynxCodec(center=center, scalar_grid=grid)
     k, v = random_kv(*SHAPE, torch.bfloat16, seed=4)
     return codec.config, k, v
 

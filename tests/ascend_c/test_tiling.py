@@ -78,34 +78,41 @@ def test_unsupported_requests_name_the_value(host_build, kwargs, match):
         host_build.make_tiling(args["cfg"], 2, 100, args["head_dim"], args["dtype"])
 
 
-@pytest.mark.parametrize("k_chunk,v_chunk,k_bits,v_bits,v_axis,match", [
-    (48, 32, 4, 4, 1, r"page_size=256 must be a multiple of chunk_size=48 for a channel-axis chunk"),
-    (32, 48, 4, 4, 0, r"page_size=256 must be a multiple of v_chunk_size=48 for a channel-axis chunk"),
-    (32, 32, 4, 4, 2, r"v_axis=2 unknown"),
+@pytest.mark.parametrize("k_chunk,v_chunk,k_bits,v_bits,v_axis,center,grid,match", [
+    (48, 32, 4, 4, 1, 1, 0, r"page_size=256 must be a multiple of chunk_size=48 for a channel-axis chunk"),
+    (32, 48, 4, 4, 0, 1, 0, r"page_size=256 must be a multiple of v_chunk_size=48 for a channel-axis chunk"),
+    (32, 32, 4, 4, 2, 1, 0, r"v_axis=2 unknown"),
     # K's and V's anchor bits are checked apart (\b: not v_anchor_bits)
-    (32, 32, 8, 4, 1, r"\banchor_bits=8 must be in \[2, 7\]"),
-    (32, 32, 4, 1, 1, r"v_anchor_bits=1 must be in \[2, 7\]"),
+    (32, 32, 8, 4, 1, 1, 0, r"\banchor_bits=8 must be in \[2, 7\]"),
+    (32, 32, 4, 1, 1, 1, 0, r"v_anchor_bits=1 must be in \[2, 7\]"),
+    (32, 32, 4, 4, 1, 2, 0, r"center=2 unknown \(0 = mean, 1 = midrange\)"),
+    (32, 32, 4, 4, 1, 1, 2, r"scalar_grid=2 unknown \(0 = float16, 1 = byte\)"),
 ])
-def test_the_c_tiling_checks_k_and_v_apart(host_build, k_chunk, v_chunk, k_bits, v_bits, v_axis, match):
+def test_the_c_tiling_checks_k_and_v_apart(host_build, k_chunk, v_chunk, k_bits, v_bits, v_axis, center, grid,
+                                           match):
     """Requests LynxConfig itself refuses, sent to the C function as they are (K per channel)."""
     lib = host_build.library()
     raw = (ctypes.c_uint8 * lib.lynx_host_tiling_bytes())()
     err = ctypes.create_string_buffer(512)
     # heads, tokens, head_dim, dtype bytes, page_size, K / V chunk, K / V anchor bits, K / V axis,
-    # sinks, center, mode, use_residual, block_size, slot bytes, num_slots, UB bytes (0: the A2's)
-    rc = lib.lynx_host_tiling(2, 300, 64, 2, 256, k_chunk, v_chunk, k_bits, v_bits, 0, v_axis, 4, 1, 0, 1, 0, 8,
-                              0, 0, raw, err, len(err))
+    # sinks, center, scalar grid, mode, use_residual, block_size, slot bytes, num_slots, UB bytes
+    # (0: the A2's)
+    rc = lib.lynx_host_tiling(2, 300, 64, 2, 256, k_chunk, v_chunk, k_bits, v_bits, 0, v_axis, 4, center, grid, 0,
+                              1, 0, 8, 0, 0, raw, err, len(err))
     assert rc != 0
     assert re.search(match, err.value.decode()), err.value.decode()
 
 
 # V per token in 64-value chunks takes head_dim <= 64 or a multiple of 64 (96 is refused above);
-# K's 7-bit anchors beside V's 6-bit residuals need the widest code buffers
+# K's 7-bit anchors beside V's 6-bit residuals need the widest code buffers; the byte scalar grid
+# adds the sigma level table to compress
+@pytest.mark.parametrize("grid", ["float16", "byte"])
 @pytest.mark.parametrize("cfg,dims", [(LynxConfig(center="mean"), (16, 64, 96, 128, 256)),
                                       (LynxConfig(center="mean", v_chunk_size=64), (16, 48, 64, 128, 192, 256)),
                                       (LynxConfig(center="mean", anchor_bits=7, v_anchor_bits=2),
                                        (16, 64, 96, 128, 256))])
-def test_every_supported_request_fits_the_unified_buffer(host_build, cfg, dims):
+def test_every_supported_request_fits_the_unified_buffer(host_build, cfg, dims, grid):
+    cfg = cfg.replace(scalar_grid=grid)
     for d in dims:
         for mode in (0, 1, 2):
             t = host_build.make_tiling(cfg, 8, 8192, d, torch.bfloat16, mode=mode, block_size=128, num_slots=1024)
@@ -138,6 +145,19 @@ def test_k_and_v_carry_their_own_split(host_build, split):
         assert t.residual_bits == (cfg.residual_bits("k"), cfg.residual_bits("v"))
         assert t.y_max == (cfg.y_max("k"), cfg.y_max("v"))
         assert t.bias == (cfg.bias("k"), cfg.bias("v"))
+
+
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_the_byte_grid_plans_the_sigma_level_table_for_compress_only(host_build, d):
+    """Compress on the byte scalar grid holds the 256 float32 sigma levels (1 KiB) beside the
+    thresholds; decompress reads float16 scalars and plans the same either way. (Each launch
+    also checks the kernel allocated exactly the plan: test_compress_parity.)"""
+    f16, byte = (LynxConfig(scalar_grid=g) for g in ("float16", "byte"))
+    for mode in (0, 1, 2):
+        a = host_build.make_tiling(f16, 2, 300, d, torch.bfloat16, mode=mode, block_size=16, num_slots=512)
+        b = host_build.make_tiling(byte, 2, 300, d, torch.bfloat16, mode=mode, block_size=16, num_slots=512)
+        assert a.block_rows == b.block_rows
+        assert b.ub_bytes - a.ub_bytes == (256 * 4 if mode == 0 else 0), mode
 
 
 def test_too_wide_heads_for_one_chunk_of_rows_are_refused(host_build):
