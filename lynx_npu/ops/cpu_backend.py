@@ -34,6 +34,8 @@ import threading
 
 import torch
 
+from lynx_npu.codec import lynx_tables
+
 from .api import check_values
 from .backends import BackendUnavailable
 from .dest import Destination
@@ -45,6 +47,7 @@ CHECKS_VALUES = True  # the kernel refuses NaN / Inf / a page range past float32
 WRITES_TILES = True   # decompress writes tiled caches (vllm_cpu_amx) itself (Dest's tiles)
 SOURCE = pathlib.Path(__file__).with_name("cpu") / "lynx_cpu.cpp"
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+SCALAR_GRIDS = ("float16", "byte")  # LynxConfig.scalar_grid values the kernel computes
 _BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno"]
 _LOCK = threading.Lock()
 
@@ -57,7 +60,8 @@ class _Table(ctypes.Structure):
 
 class _Params(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("num_heads", "head_dim", "dtype", "num_threads",
-                                              "midrange")] + [("t", _Table * 2)]
+                                              "midrange", "byte_grid")] + [
+        ("sigma_levels", ctypes.c_void_p), ("t", _Table * 2)]
 
 
 class _Dest(ctypes.Structure):
@@ -176,7 +180,7 @@ def _open(path: pathlib.Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.lynx_cpu_abi.restype = ctypes.c_int64
     lib.lynx_cpu_abi.argtypes = [ctypes.c_int64]
-    want = {0: 4, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
+    want = {0: 5, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
     for what, value in want.items():
         got = lib.lynx_cpu_abi(what)
         if got != value:
@@ -218,6 +222,8 @@ def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:
     # path lacks it.
     if cfg.center not in ("mean", "midrange"):
         return f"center={cfg.center!r}"
+    if cfg.scalar_grid not in SCALAR_GRIDS:
+        return f"scalar_grid={cfg.scalar_grid!r} (the kernel implements {', '.join(SCALAR_GRIDS)})"
     if dtype not in _DTYPE_CODE:
         return f"dtype {dtype} (float16, bfloat16, float32 only)"
     return None
@@ -238,7 +244,8 @@ def _cached_params(cfg, num_kv_heads: int, head_dim: int, dtype, num_threads: in
     if "bucket32" not in tabs:  # the vectorized lookup gathers 32-bit entries
         tabs["bucket32"] = tabs["bucket"].to(torch.int32)
     p = _Params(num_kv_heads, head_dim, _DTYPE_CODE[dtype], num_threads,
-                int(cfg.center == "midrange"))
+                int(cfg.center == "midrange"), int(cfg.scalar_grid == "byte"),
+                _sigma_levels().data_ptr())
     for i, which in enumerate("kv"):
         t = tabs[which]
         token_axis = cfg.axis(which) == "token"
@@ -250,6 +257,17 @@ def _cached_params(cfg, num_kv_heads: int, head_dim: int, dtype, num_threads: in
                         int(token_axis), chunk, cfg.bits(which), cfg.residual_bits(which),
                         cfg.bias(which), cfg.y_max(which))
     return p, tabs
+
+
+@functools.lru_cache(maxsize=1)
+def _sigma_levels() -> torch.Tensor:
+    """The byte grid's 256 sigma levels (float32, increasing; lynx_tables.sigma_levels), which
+    the kernel searches once per chunk; kept alive here for every Params that points at it."""
+    lv = lynx_tables.sigma_levels().contiguous()
+    if lv.dtype != torch.float32 or lv.numel() != 256:
+        raise BackendUnavailable(f"lynx_tables.sigma_levels() is {lv.dtype} [{lv.numel()}], "
+                                 "the kernel takes float32 [256]")
+    return lv
 
 
 def _check_cpu(*tensors) -> None:

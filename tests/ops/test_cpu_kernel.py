@@ -2,8 +2,8 @@
 this CPU runs (``LYNX_CPU_ISA``, cpu_backend.py): native, avx2 and scalar in every check, a
 forced avx512 build once.
 
-Bytes: equal to the reference for every size, split, axis, chunk centre, sink count, dtype,
-pair of K / V chunk sizes and pair of K / V splits.
+Bytes: equal to the reference for every size, split, axis, chunk centre, scalar grid (float16,
+byte), sink count, dtype, pair of K / V chunk sizes and pair of K / V splits.
 Values: decompression of reference streams equals the reference decoder bit for bit, dense,
 paged (every layout) and per page. Every output buffer is poisoned first, so an unwritten byte
 fails the test. Each check computes the reference once and compares every ISA's build with it.
@@ -373,6 +373,105 @@ def test_k_and_v_splits_paged(layout, v_axis, each_isa):
                                          **splits) == "cpu", isa
             assert check_encode_cache("lynx", layout, "random", "cpu", "cpu", d=64,
                                       **splits) == "cpu", isa
+
+
+# LynxConfig.scalar_grid: mu and sigma as any float16 (the paper's), or on the byte grid
+# (lynx_tables.py: mu = u / 256, sigma = the smallest of 256 levels >= max |xn - mu|).
+SCALAR_GRIDS = ["float16", "byte"]
+
+
+def edge_kv(h, t, d, dtype, seed, page_size=128, sinks=4):
+    """random_kv with chunks at the byte grid's edges on every page (body tokens p0 + j): row 40
+    at every channel's page minimum, row 50 at its maximum (token axis: constant chunks, xn = 0
+    and xn = 1, whose mu rounds to 256 / 256 and is clamped to 255 / 256), row 45 alternating
+    the two (a token-axis chunk spanning its channels' whole range); so on the channel axis the
+    chunk of rows 32..63 spans its page channel's whole range (sigma = levels[254] = 0.5 for
+    the midrange, the top level, clamped, for most means). Channel 0 is constant (scale 0:
+    mu = sigma = 0), channel 1's first chunk of each page is constant (sigma = 0, mu > 0)."""
+    k, v = random_kv(h, t, d, dtype, seed)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for x in (k, v):
+        x = x.float()
+        big = float(x.abs().amax()) + 1
+        lo = -(big + 5 * torch.rand(h, d, generator=g))
+        hi = big + 5 * torch.rand(h, d, generator=g)
+        alt = torch.where(torch.arange(d) % 2 == 0, lo, hi)
+        for p0 in range(sinks, t, page_size):
+            for j, row in ((40, lo), (45, alt), (50, hi)):
+                if p0 + j < t:
+                    x[:, p0 + j] = row
+            x[:, p0:p0 + 32, 1] = 0.25
+        x[:, :, 0] = 0.375
+        out.append(x.to(dtype))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float32])
+@pytest.mark.parametrize("center", CENTERS)
+@pytest.mark.parametrize("scalar_grid", SCALAR_GRIDS)
+def test_scalar_grid_edges(scalar_grid, center, dtype, each_isa):
+    """Bytes (and values) of edge_kv's chunks, K on the channel axis and V on the token axis and
+    the reverse; the reference's stats first show the edges are there: sigma 0 (constant
+    chunks), sigma >= 0.5 (whole-range chunks: the top level for the mean), mu 255 / 256."""
+    from lynx_npu.codec import lynx_ref, lynx_tables
+    lv = lynx_tables.sigma_levels()
+    for v_axis in ("token", "channel"):
+        cfg = config(v_axis=v_axis, center=center, scalar_grid=scalar_grid, page_size=128)
+        k, v = edge_kv(2, 300, 64, dtype, seed=11)
+        if scalar_grid == "byte":
+            sig, mu = {}, {}
+            for which, x in (("k", k), ("v", v)):  # the first page's body
+                stats = lynx_ref.quantize(x[:, 4:132][None], cfg, which)[3][0].float()
+                mu[cfg.axis(which)], sig[cfg.axis(which)] = stats[0], stats[1]
+            for axis in ("channel", "token"):
+                assert bool((sig[axis] == 0).any()), axis
+                assert bool((sig[axis] >= 0.5).any()), axis
+                assert bool(torch.isin(sig[axis], lv).all()), axis
+            assert bool((mu["token"] == 255 / 256).any())
+            if center == "mean":
+                assert bool((sig["channel"] == lv[-1]).any())
+        note = (v_axis, center, dtype)
+        check_decompress(each_isa, cfg, k, v, check_compress(each_isa, k, v, cfg, note), note)
+
+
+@pytest.mark.parametrize("v_axis", ["channel", "token"])
+@pytest.mark.parametrize("scalar_grid", SCALAR_GRIDS)
+def test_scalar_grid_shapes(scalar_grid, v_axis, each_isa):
+    """Bytes over head_dim / chunk pairs that take the AVX-512 paths (channel axis: 2, 4, 6, 8,
+    16 strips; token axis: 1, 2, 4 registers a chunk, one to three chunks a row) and the plain
+    C++ (head_dim 40 and 20, chunks of 24: not a power of two; V chunks longer than head_dim),
+    ragged pages and chunks (sinks 4; 5, 70 and 300 tokens), both centres, every KV dtype."""
+    shapes = [(64, 32, 32), (48, 16, 16), (96, 32, 32), (128, 64, 64), (256, 32, 32),
+              (40, 16, 16), (20, 24, 24), (64, 32, 128)]
+    for d, c, vc in shapes:
+        page = 48 if c == 24 else 128
+        for center in CENTERS:
+            cfg = config(v_axis=v_axis, center=center, scalar_grid=scalar_grid, chunk_size=c,
+                         v_chunk_size=vc if v_axis == "token" else c, page_size=page)
+            for t, dtype in ((5, torch.float32), (70, torch.float16), (300, torch.bfloat16)):
+                k, v = edge_kv(2, t, d, dtype, seed=t + d, page_size=page)
+                check_compress(each_isa, k, v, cfg, (d, c, vc, center, t, dtype))
+
+
+@pytest.mark.parametrize("center", CENTERS)
+def test_scalar_grid_large_input(center, each_isa):
+    """~1M values per stream on the byte grid: many chunk centres near a grid point's rounding
+    edge and needs near a level, where mu's two roundings and the search must match exactly;
+    and the byte grid's bytes differ from the float16 grid's (the grid flag reaches the kernel)."""
+    cfg = config(center=center, scalar_grid="byte")
+    k, v = random_kv(4, 2048, 128, torch.bfloat16, seed=5)
+    want = check_compress(each_isa, k, v, cfg)
+    other = reference_streams(cfg.replace(scalar_grid="float16"), k, v)
+    assert not torch.equal(want[0], other[0])
+
+
+def test_supports_scalar_grid():
+    for grid in SCALAR_GRIDS:
+        assert cpu_backend.supports(config(scalar_grid=grid), 2, 64, torch.bfloat16) is None
+    cfg = config()
+    object.__setattr__(cfg, "scalar_grid", "nibble")  # past LynxConfig's own check
+    assert "scalar_grid='nibble'" in cpu_backend.supports(cfg, 2, 64, torch.bfloat16)
 
 
 def test_roundtrip_interchange_with_torch_backend(monkeypatch):

@@ -5,8 +5,11 @@
 // Arithmetic is the reference's float32 sequence (lynx_ref.py docstring) with no FMA
 // contraction; IEEE division (only for the reciprocals of scale and sigma, and the mean);
 // f16/bf16 conversions round to nearest even. The chunk centre is the midrange
-// f16((max + min) / 2) or the mean, summed in the reference's fixed tree (zero-pad to a power
-// of two, then add adjacent pairs: s[i] = s[2i] + s[2i+1]), so every backend agrees bit for bit.
+// (max + min) / 2 or the mean, summed in the reference's fixed tree (zero-pad to a power
+// of two, then add adjacent pairs: s[i] = s[2i] + s[2i+1]), so every backend agrees bit for bit;
+// mu is its f16, or on the byte grid (scalar_grid "byte") the nearest multiple of 1/256, and
+// sigma the f16 of max |xn - mu|, or the smallest byte-grid level >= it (a binary search per
+// chunk over Params::sigma_levels).
 // Codes: bucket lookup + threshold probes (lynx_npu/ops/tables.py), exact.
 // Work items: compress = (page, K|V) so each item writes one contiguous byte range;
 // decompress = (page, K|V, head).
@@ -54,7 +57,9 @@ struct Table {
 
 struct Params {
   int64_t num_heads, head_dim, dtype, num_threads;
-  int64_t midrange;  // 1 = centre (max + min) / 2, 0 = mean
+  int64_t midrange;   // 1 = centre (max + min) / 2, 0 = mean
+  int64_t byte_grid;  // 1 = mu, sigma on the byte grid (LynxConfig.scalar_grid "byte"), 0 = f16
+  const float* sigma_levels;  // [256] the byte grid's sigmas (lynx_tables.sigma_levels)
   Table t[2];
 };
 
@@ -150,6 +155,33 @@ inline bool finite_ranges(const float* gmin, const float* gmax, int64_t D, bool 
 }
 
 inline float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+
+// ---- the byte grid of chunk scalars (lynx_npu/codec/lynx_tables.py, scalar_grid "byte") -----
+// mu = u / 256, u = min(255, max(0, floor(c * 256 + 1/2))) of the float32 centre c (two
+// roundings, as the reference: no FMA). Exact in float16.
+inline float mu_on_grid(float c) {
+  const float t = c * 256.0f + 0.5f;
+  const float u = std::min(std::max(std::floor(t), 0.0f), 255.0f);
+  return u * (1.0f / 256.0f);
+}
+
+// need[0..n) (max |xn - mu| of n chunks) -> their sigmas levels[idx], idx = the byte of the
+// smallest level >= need = #{j : levels[j] < need} (levels increasing) by a branch-free binary
+// search over the 256 levels: for s = 128, 64, .., 1: idx += s if levels[idx + s - 1] < need.
+// idx <= 255 (the steps reach levels[254]): the reference's clamp. Once per chunk; a step at a
+// time over 64 chunks, whose loads are independent (GCC vectorizes them as gathers where it
+// can), with masks rather than branches (which would mispredict half the time).
+inline void sigma_on_grid(const float* __restrict levels, float* __restrict need, int64_t n) {
+  int32_t idx[64];
+  for (int64_t i0 = 0; i0 < n; i0 += 64) {
+    const int64_t m = std::min<int64_t>(64, n - i0);
+    float* __restrict v = need + i0;
+    for (int64_t i = 0; i < m; ++i) idx[i] = 0;
+    for (int s = 128; s >= 1; s >>= 1)
+      for (int64_t i = 0; i < m; ++i) idx[i] += s & -(int32_t)(levels[idx[i] + s - 1] < v[i]);
+    for (int64_t i = 0; i < m; ++i) v[i] = levels[idx[i]];
+  }
+}
 
 // ---- bit packing (lynx_npu/codec/packing.py: LSB-first little-endian bit stream) -----------
 // 8 codes -> BITS bytes at out, for whole groups of 8 (a fixed-size store per group); -> codes
@@ -583,8 +615,9 @@ void chunk_rows(const Params& p, const Table& tb, float* buf, int64_t r0, int64_
       const float fcnt = (float)cnt;
       for (int64_t d = 0; d < D; ++d) fold[d] = fold[d] / fcnt;
     }
+    const bool byte_grid = p.byte_grid != 0;
     for (int64_t d = 0; d < D; ++d) {
-      const uint16_t hm = f32_to_f16(fold[d]);
+      const uint16_t hm = f32_to_f16(byte_grid ? mu_on_grid(fold[d]) : fold[d]);
       mu16[d] = hm;
       mu[d] = f16_to_f32(hm);
       colmax[d] = 0.0f;
@@ -596,6 +629,8 @@ void chunk_rows(const Params& p, const Table& tb, float* buf, int64_t r0, int64_
         colmax[d] = std::max(colmax[d], std::fabs(br[d]));
       }
     }
+    if (byte_grid)  // colmax = need -> the level of each chunk (one search per chunk)
+      sigma_on_grid(p.sigma_levels, colmax.data(), D);
     for (int64_t d = 0; d < D; ++d) {
       const uint16_t hs = f32_to_f16(colmax[d]);
       sg16[d] = hs;
@@ -605,7 +640,7 @@ void chunk_rows(const Params& p, const Table& tb, float* buf, int64_t r0, int64_
       float* __restrict br = buf + (r0 + i) * D;
       for (int64_t d = 0; d < D; ++d) br[d] = br[d] * inv_sig[d];
     }
-  } else {  // chunks of C head_dim values of each token
+  } else if (!p.byte_grid) {  // chunks of C head_dim values of each token
     const int64_t ncd = (D + C - 1) / C;
     fold.resize(cp);
     for (int64_t i = 0; i < rows; ++i) {
@@ -621,6 +656,28 @@ void chunk_rows(const Params& p, const Table& tb, float* buf, int64_t r0, int64_
         sg16[i * ncd + c] = hs;
       }
     }
+  } else {  // the same on the byte grid: the sigmas of the block's chunks searched together
+    const int64_t ncd = (D + C - 1) / C, n = rows * ncd;
+    fold.resize(cp);
+    colmax.resize(std::max(n, D));  // the chunks' needs, then sigmas
+    for (int64_t i = 0; i < rows; ++i) {
+      float* br = buf + (r0 + i) * D;
+      for (int64_t c = 0; c < ncd; ++c) {
+        float* seg = br + c * C;
+        const int64_t cnt = std::min(C, D - c * C);
+        const float m = mu_on_grid(p.midrange ? midrange(seg, cnt)
+                                              : tree_sum(seg, cnt, cp, fold.data()) / (float)cnt);
+        mu16[i * ncd + c] = f32_to_f16(m);  // exact
+        colmax[i * ncd + c] = centre_absmax(seg, cnt, m);
+      }
+    }
+    sigma_on_grid(p.sigma_levels, colmax.data(), n);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t c = 0; c < ncd; ++c) {
+        const uint16_t hs = f32_to_f16(colmax[i * ncd + c]);  // exact
+        multiply(buf + (r0 + i) * D + c * C, std::min(C, D - c * C), recip_or_zero(f16_to_f32(hs)));
+        sg16[i * ncd + c] = hs;
+      }
   }
 }
 
@@ -931,7 +988,7 @@ extern "C" {
 // Layout constants the Python side checks before the first call.
 int64_t lynx_cpu_abi(int64_t what) {
   switch (what) {
-    case 0: return 4;  // ABI version (4: a split per K / V, in Table)
+    case 0: return 5;  // ABI version (5: the byte scalar grid, in Params)
     case 1: return NUM_FIELDS;
     case 2: return (int64_t)sizeof(Params);
     case 3: return (int64_t)sizeof(Dest);

@@ -342,6 +342,7 @@ inline __m512 recip_or_zero16(__m512 s) {
 // set (z / every) % wrap.
 struct Centres {
   std::vector<float> mu, inv_sig;
+  std::vector<float> grid_mu, grid_need;  // token axis, byte grid: per chunk, for the search
   int64_t every = 1, wrap = 1;
   void resize(int64_t n) {
     mu.resize(16 * n);
@@ -439,6 +440,77 @@ inline void normalise_rows(const typename Conv::raw* xh, int64_t st, int64_t r0,
     }
 }
 
+// ---- the byte grid of chunk scalars (mu_on_grid, sigma_on_grid in lynx_cpu.cpp) ------------
+inline __m512 mu_on_grid16(__m512 c) {  // two roundings (no FMA), then floor and clamp
+  const __m512 t = _mm512_add_ps(_mm512_mul_ps(c, _mm512_set1_ps(256.0f)), _mm512_set1_ps(0.5f));
+  const __m512 u = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 uc = _mm512_min_ps(_mm512_max_ps(u, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));
+  return _mm512_mul_ps(uc, _mm512_set1_ps(1.0f / 256.0f));
+}
+
+// r[k] of 16 * N floats held in N registers, for each lane's k (< 16 * N): permutes, no gathers.
+template <int N>
+inline __m512 lookup16(const __m512* r, __m512i k) {
+  if constexpr (N == 1) {
+    return _mm512_permutexvar_ps(k, r[0]);
+  } else if constexpr (N == 2) {
+    return _mm512_permutex2var_ps(r[0], k, r[1]);
+  } else {
+    const __mmask16 upper = _mm512_test_epi32_mask(k, _mm512_set1_epi32(8 * N));
+    return _mm512_mask_blend_ps(upper, lookup16<N / 2>(r, k), lookup16<N / 2>(r + N / 2, k));
+  }
+}
+
+// The byte grid's sigma of 16 chunks from their need = max |xn - mu| (sigma_on_grid): the same
+// branch-free binary search (step s compares levels[idx + s - 1] < need), each step's
+// candidates levels[2 s k + s - 1] held in registers, then the level itself. Built only for
+// the byte grid (levels nullptr: left empty).
+struct SigmaGrid512 {
+  __m512 c128, c64, c32, c16, c8, c4[2], c2[4], c1[8];  // candidates of steps 128 .. 1
+  __m512 all[16];                                        // the 256 levels
+  explicit SigmaGrid512(const float* lv) {
+    if (!lv) return;
+    alignas(64) float buf[8][16];
+    auto cand = [&](int s, __m512* out) {  // step s: 128 / s candidates, in ceil(.. / 16) zmm
+      const int n = 128 / s;
+      for (int k = 0; k < 16 * ((n + 15) / 16); ++k)
+        buf[k / 16][k % 16] = lv[std::min(2 * s * k + s - 1, 255)];  // (past n: unused)
+      for (int q = 0; q < (n + 15) / 16; ++q) out[q] = _mm512_load_ps(buf[q]);
+    };
+    cand(128, &c128);
+    cand(64, &c64);
+    cand(32, &c32);
+    cand(16, &c16);
+    cand(8, &c8);
+    cand(4, c4);
+    cand(2, c2);
+    cand(1, c1);
+    for (int q = 0; q < 16; ++q) all[q] = _mm512_loadu_ps(lv + 16 * q);
+  }
+  // one step of size S = 2^(SH - 1): idx (a multiple of 2 S) += S where levels[idx + S - 1] < need
+  template <int SH, int N>
+  static inline __m512i step(__m512i idx, const __m512* cand, __m512 need) {
+    const __m512 c = lookup16<N>(cand, _mm512_srli_epi32(idx, SH));
+    const __mmask16 m = _mm512_cmp_ps_mask(c, need, _CMP_LT_OQ);
+    return _mm512_mask_add_epi32(idx, m, idx, _mm512_set1_epi32(1 << (SH - 1)));
+  }
+  // need[0..n) (n <= 16 registers) -> their sigmas, in place; step by step over the n
+  // registers, so that their chains of dependent steps overlap.
+  inline void sigma(__m512* need, int64_t n) const {
+    __m512i idx[16];
+    for (int64_t i = 0; i < n; ++i) idx[i] = step<8, 1>(_mm512_setzero_si512(), &c128, need[i]);
+    for (int64_t i = 0; i < n; ++i) idx[i] = step<7, 1>(idx[i], &c64, need[i]);
+    for (int64_t i = 0; i < n; ++i) idx[i] = step<6, 1>(idx[i], &c32, need[i]);
+    for (int64_t i = 0; i < n; ++i) idx[i] = step<5, 1>(idx[i], &c16, need[i]);
+    for (int64_t i = 0; i < n; ++i) idx[i] = step<4, 1>(idx[i], &c8, need[i]);
+    for (int64_t i = 0; i < n; ++i) idx[i] = step<3, 2>(idx[i], c4, need[i]);
+    for (int64_t i = 0; i < n; ++i) idx[i] = step<2, 4>(idx[i], c2, need[i]);
+    for (int64_t i = 0; i < n; ++i) idx[i] = step<1, 8>(idx[i], c1, need[i]);
+    for (int64_t i = 0; i < n; ++i)  // idx <= 255: the reference's clamp is a no-op
+      need[i] = lookup16<16>(all, idx[i]);
+  }
+};
+
 // max |x - mu| over values whose min and max are lo, hi: RN is monotone and symmetric, so the
 // largest |RN(x - mu)| is RN(hi - mu) or RN(mu - lo) (and at least one of them is >= +0).
 inline __m512 spread(__m512 lo, __m512 hi, __m512 mu) {
@@ -450,7 +522,7 @@ inline __m512 spread(__m512 lo, __m512 hi, __m512 mu) {
 __attribute__((noinline)) void channel_stats(const Params& p, int64_t C, const float* tile,
                                              int64_t rows, const __m512* lo, const __m512* hi,
                                              uint16_t* mu16, uint16_t* sg16, float* fold,
-                                             Centres& c) {
+                                             const SigmaGrid512& grid, Centres& c) {
   const int64_t D = p.head_dim, ns = D / 16, cp = next_pow2(C);
   const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   __m512 mu[16], am[16];
@@ -477,11 +549,13 @@ __attribute__((noinline)) void channel_stats(const Params& p, int64_t C, const f
                                                         _mm512_loadu_ps(fold + 32 * i + 16)));
       mu[j] = _mm512_div_ps(_mm512_loadu_ps(fold), _mm512_set1_ps((float)rows));
     }
+    if (p.byte_grid) mu[j] = mu_on_grid16(mu[j]);
     const __m256i mh = _mm512_cvtps_ph(mu[j], rc);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(mu16 + 16 * j), mh);
     mu[j] = _mm512_cvtph_ps(mh);
     am[j] = spread(lo[j], hi[j], mu[j]);
   }
+  if (p.byte_grid) grid.sigma(am, ns);
   for (int64_t j = 0; j < ns; ++j) {
     const __m256i sh = _mm512_cvtps_ph(am[j], rc);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(sg16 + 16 * j), sh);
@@ -491,17 +565,22 @@ __attribute__((noinline)) void channel_stats(const Params& p, int64_t C, const f
 
 // Chunks of C head_dim values of each token (D % C == 0, C % 16 == 0) of the normalised rows in
 // tile, reduced four at a time. ZC = C / 16 registers per chunk when it is known at compile time
-// (0: from chunk).
+// (0: from chunk). On the byte grid the sigmas follow, 16 chunks a search (a group's four
+// chunks would fill a quarter of its lanes, and its chain of steps would hold up the group's).
 template <int ZC>
 __attribute__((noinline)) void token_stats(const Params& p, int64_t chunk, const float* tile,
                                            int64_t rows, uint16_t* mu16, uint16_t* sg16,
-                                           Centres& c) {
+                                           const SigmaGrid512& grid, Centres& c) {
   const int64_t D = p.head_dim, C = ZC ? 16 * ZC : chunk, zc = C / 16, nb = next_pow2(zc);
   const int rc = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   const int64_t nch = rows * (D / C);
   c.resize(nch + 4);
   c.every = zc;
   c.wrap = nch + 4;
+  if (p.byte_grid) {
+    c.grid_mu.resize(nch);
+    c.grid_need.resize(nch);
+  }
   for (int64_t k0 = 0; k0 < nch; k0 += 4) {  // groups are independent of each other
     const int64_t nq = std::min<int64_t>(4, nch - k0);
     const float* z[4];
@@ -528,16 +607,47 @@ __attribute__((noinline)) void token_stats(const Params& p, int64_t chunk, const
       mu4 = _mm512_mask_blend_ps(0xf000, mu4, tree_chunk(z[3], zc, nb));
       mu4 = _mm512_div_ps(mu4, _mm512_set1_ps((float)C));
     }
+    if (p.byte_grid) mu4 = mu_on_grid16(mu4);
     const __mmask8 keep = (__mmask8)((1u << nq) - 1u);
     const __m256i mh = _mm512_cvtps_ph(mu4, rc);
     _mm_mask_storeu_epi16(mu16 + k0, keep, _mm256_cvtepi64_epi16(mh));  // words 0, 4, 8, 12
     mu4 = _mm512_cvtph_ps(mh);
-    const __m256i sh = _mm512_cvtps_ph(spread(lo4, hi4, mu4), rc);
+    const __m512 need4 = spread(lo4, hi4, mu4);
+    if (p.byte_grid) {  // lanes 0, 4, 8, 12: the group's chunks
+      const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+      _mm_mask_storeu_ps(c.grid_mu.data() + k0, keep,
+                         _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, mu4)));
+      _mm_mask_storeu_ps(c.grid_need.data() + k0, keep,
+                         _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, need4)));
+      continue;
+    }
+    const __m256i sh = _mm512_cvtps_ph(need4, rc);
     _mm_mask_storeu_epi16(sg16 + k0, keep, _mm256_cvtepi64_epi16(sh));
     const __m512 sig4 = _mm512_cvtph_ps(sh);
     for (int q = 0; q < 4; ++q) {
       const __m512i bq = _mm512_set1_epi32(4 * q);
       c.set(k0 + q, _mm512_permutexvar_ps(bq, mu4), _mm512_permutexvar_ps(bq, sig4));
+    }
+  }
+  if (!p.byte_grid) return;
+  for (int64_t k0 = 0; k0 < nch; k0 += 256) {  // up to 16 searches of 16 chunks, overlapped
+    const int64_t nr = std::min<int64_t>(16, (nch - k0 + 15) / 16);
+    __m512 sig[16];
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t n = std::min<int64_t>(16, nch - k0 - 16 * r);
+      sig[r] = _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), c.grid_need.data() + k0 + 16 * r);
+    }
+    grid.sigma(sig, nr);
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t k = k0 + 16 * r, n = std::min<int64_t>(16, nch - k);
+      _mm256_mask_storeu_epi16(sg16 + k, (__mmask16)((1u << n) - 1u),
+                               _mm512_cvtps_ph(sig[r], rc));  // exact
+      alignas(64) float inv[16];
+      _mm512_store_ps(inv, recip_or_zero16(sig[r]));
+      for (int64_t q = 0; q < n; ++q) {  // Centres::set's broadcasts
+        _mm512_storeu_ps(c.mu.data() + 16 * (k + q), _mm512_set1_ps(c.grid_mu[k + q]));
+        _mm512_storeu_ps(c.inv_sig.data() + 16 * (k + q), _mm512_set1_ps(inv[q]));
+      }
     }
   }
 }
@@ -596,6 +706,7 @@ bool compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
   const SegSearch512 seg(tb.thresholds, tb.y_max);
   const Coder512T<SegSearch512> seg_coder(seg, tb);
   const Coder512 bin_coder(Search512(tb.thresholds), tb);
+  const SigmaGrid512 grid(p.byte_grid ? p.sigma_levels : nullptr);
   Centres centres;
   Prefetcher pf;
   bool finite = true;
@@ -636,15 +747,15 @@ bool compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
         uint16_t* mu16 = stats + (h * tp + r0) * ncd;
         uint16_t* sg16 = mu16 + total_chunks;
         switch (C) {
-          case 16: token_stats<1>(p, C, s.buf.data(), rows, mu16, sg16, centres); break;
-          case 32: token_stats<2>(p, C, s.buf.data(), rows, mu16, sg16, centres); break;
-          case 64: token_stats<4>(p, C, s.buf.data(), rows, mu16, sg16, centres); break;
-          default: token_stats<0>(p, C, s.buf.data(), rows, mu16, sg16, centres);
+          case 16: token_stats<1>(p, C, s.buf.data(), rows, mu16, sg16, grid, centres); break;
+          case 32: token_stats<2>(p, C, s.buf.data(), rows, mu16, sg16, grid, centres); break;
+          case 64: token_stats<4>(p, C, s.buf.data(), rows, mu16, sg16, grid, centres); break;
+          default: token_stats<0>(p, C, s.buf.data(), rows, mu16, sg16, grid, centres);
         }
       } else {
         uint16_t* mu16 = stats + (h * nct + r0 / C) * D;
         channel_stats(p, C, s.buf.data(), rows, lo, hi, mu16, mu16 + total_chunks, s.fold.data(),
-                      centres);
+                      grid, centres);
       }
       const int64_t n = rows * D, e0 = (h * tp + r0) * D;  // e0 * 4 bits: byte e0 / 2
       if (seg.ok)
