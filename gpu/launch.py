@@ -18,6 +18,7 @@ import threading
 import torch
 import triton
 
+from lynx_npu.codec import lynx_tables
 from lynx_npu.ops import value_flags
 from lynx_npu.ops.dest import Destination
 from lynx_npu.ops.plan import LayerPlan
@@ -31,6 +32,7 @@ NAME = "triton"
 # pass 1 (ops/value_flags.py), so ops.compress runs no aminmax pass first
 CHECKS_VALUES = True
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SCALAR_GRIDS = ("float16", "byte")  # LynxConfig.scalar_grid: the compress kernel's BYTE_GRID
 MAX_TILE = 16384      # values per program (registers)
 MAX_PAGE = 1024
 # Launch overrides for tuning runs (python -m lynx_npu.gpu.tune); None keeps the default.
@@ -153,6 +155,8 @@ def supports(cfg, num_kv_heads: int, head_dim: int, dtype) -> str | None:
 def _supports(cfg, head_dim: int, dtype, *tuning) -> str | None:
     if cfg.center not in ("mean", "midrange"):
         return f"center={cfg.center!r}"
+    if cfg.scalar_grid not in SCALAR_GRIDS:
+        return f"scalar_grid={cfg.scalar_grid!r} (one of {', '.join(SCALAR_GRIDS)})"
     if dtype not in DTYPES:
         return f"dtype {dtype} (float16, bfloat16, float32 only)"
     if head_dim % 8:
@@ -326,7 +330,7 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
                     x, *x.stride(), rows[wi] if rows is not None else dummy,
                     previews[0] if previews is not None else dummy,
                     previews[1] if previews is not None else a8, a8, akv, a16, aw, res_arg, rw,
-                    table, search_entries[wi], recip_table(dev), flags, work,
+                    table, search_entries[wi], recip_table(dev), sigma_levels(dev), flags, work,
                     plan.num_kv_heads, plan.head_dim, blk["num_dt"],
                     plan.num_pages * plan.num_kv_heads,
                     WHICH=wi, TOKEN_AXIS=blk["TOKEN_AXIS"], BT=blk["BT"], G=blk["G"], C=blk["C"],
@@ -344,6 +348,7 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
                     C1=poly.c1 if poly else 0.0, C2=poly.c2 if poly else 0.0,
                     PAGED=_pow2_floor(row_align) if rows is not None else 0,
                     PREVIEW=previews is not None, HEADS_FAST=heads_fast, BLOCK=block, MODE=mode,
+                    BYTE_GRID=cfg.scalar_grid == "byte",
                     num_warps=blk["num_warps"], enable_fp_fusion=False, **_regs(which))
     except BaseException:
         if own_flags:  # a partial launch may have flagged: this thread's next call starts clean
@@ -356,6 +361,16 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
 
 _LOCAL = threading.local()
 _DUMMIES: dict[str, torch.Tensor] = {}
+_SIGMA_LEVELS: dict[str, torch.Tensor] = {}
+
+
+def sigma_levels(device) -> torch.Tensor:
+    """float32 [256] on ``device`` (cached): the byte grid's sigma levels
+    (lynx_tables.sigma_levels), which the compress kernel searches where BYTE_GRID."""
+    key = str(device)
+    if key not in _SIGMA_LEVELS:
+        _SIGMA_LEVELS[key] = lynx_tables.sigma_levels(device)
+    return _SIGMA_LEVELS[key]
 
 
 def _thread_flags(device) -> torch.Tensor:

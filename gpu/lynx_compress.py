@@ -37,6 +37,11 @@ unrolled by two so that the prefetched rows need no register copies.
 Then mu = f16((hi + lo) / 2) (MIDRANGE) or f16(pairwise tree sum / count) (mean, the
 reference's order: lynx_ref.tree_sum), and sigma = f16(max |xn - mu|) =
 f16(max(RN(hi - mu), RN(mu - lo))) (RN(. - mu) is monotone), with no per-value |.| or max;
+on the byte grid (BYTE_GRID, LynxConfig.scalar_grid "byte", lynx_tables.py) mu = the float32
+centre rounded to u / 256 and sigma = the least of 256 levels >= that max, found per chunk by a
+binary search (``_sigma_on_grid``: two probes from scalars loaded once per program, six loads
+from the 1 KB level table at ``slev_ptr``, which stays in L1), both exact float16 values (a
+constexpr branch: the float16 grid's code is unchanged);
 xf = RN(RN(xn - mu) * RN(1 / sigma)). Both reciprocals are computed once per channel / chunk.
 Codes: a quadratic in |xf| (small alphas, ops/tables.py ``PolySearch``) or Eq. (3) in float32
 (one lg2.approx, ``LogSearch``) gives I - 1 or I, one float32 threshold from the 1 KB search
@@ -58,6 +63,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from lynx_npu.codec import lynx_tables
 from lynx_npu.ops import plan as P
 from lynx_npu.ops import tables as T
 
@@ -79,6 +85,7 @@ NF = tl.constexpr(P.NUM_FIELDS)
 MAGIC = tl.constexpr(T.MAGIC)  # y + MAGIC rounds y to an integer, in the low mantissa bits
 MAGIC_BITS = tl.constexpr(T.MAGIC_BITS)  # float32 bits of MAGIC
 SEARCH_LEN = tl.constexpr(T.SEARCH_LEN)
+MU_STEPS = tl.constexpr(lynx_tables.MU_STEPS)  # BYTE_GRID: mu = u / MU_STEPS
 # triton.jit reads TRITON_INTERPRET at import, as here: the interpreter has no fast_log2f
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -434,16 +441,79 @@ def _widen(xk, R: tl.constexpr, WORDS: tl.constexpr):
 
 
 @triton.jit
-def _stats(lo, hi, csum, count, MIDRANGE: tl.constexpr):
+def _stats(lo, hi, csum, count, MIDRANGE: tl.constexpr, BYTE_GRID: tl.constexpr, slev_ptr,
+           l63, l127, l191, l255):
     """(mu f16, sigma f16) of chunks with min / max ``lo`` / ``hi`` of their normalised values
-    (``csum``: their tree sum, for the mean). Unused arguments may be anything."""
+    (``csum``: their tree sum, for the mean). Unused arguments may be anything. BYTE_GRID
+    (lynx_tables.py): mu = u / 256, u = min(255, max(0, floor(256 c + 1/2))) of the float32
+    centre c, and sigma the smallest level >= max |xn - mu| (``_sigma_on_grid``: the levels at
+    ``slev_ptr``, l63 .. l255 its entries loaded once per program by ``_grid_levels``)."""
     if MIDRANGE:
-        mu = ((hi + lo) * 0.5).to(tl.float16)  # * 0.5 == / 2 exactly
+        c = (hi + lo) * 0.5  # * 0.5 == / 2 exactly
     else:
-        mu = tl.math.div_rn(csum, count).to(tl.float16)
-    mu32 = mu.to(tl.float32)
-    sigma = tl.maximum(hi - mu32, mu32 - lo).to(tl.float16)
+        c = tl.math.div_rn(csum, count)
+    if BYTE_GRID:  # round half up in lynx_tables.mu_on_grid's float32 operations
+        u = tl.minimum(tl.maximum(tl.floor(c * MU_STEPS + 0.5), 0.0), MU_STEPS - 1.0)
+        mu32 = u * (1.0 / MU_STEPS)
+        need = tl.maximum(hi - mu32, mu32 - lo)  # = max |xn - mu|: RN(. - mu) is monotone
+        mu = mu32.to(tl.float16)  # exact, as sigma: u / 256 and every level are float16 values
+        sigma = _sigma_on_grid(need, slev_ptr, l63, l127, l191, l255).to(tl.float16)
+    else:
+        mu = c.to(tl.float16)
+        mu32 = mu.to(tl.float32)
+        sigma = tl.maximum(hi - mu32, mu32 - lo).to(tl.float16)
     return mu, sigma
+
+
+@triton.jit
+def _grid_levels(slev_ptr):
+    """The sigma levels the first two steps of ``_sigma_on_grid``'s search read (63, 127, 191)
+    and the top one (255): scalars, loaded once per program."""
+    return (tl.load(slev_ptr + 63), tl.load(slev_ptr + 127), tl.load(slev_ptr + 191),
+            tl.load(slev_ptr + 255))
+
+
+@triton.jit
+def _level(ptr):
+    """float32 table entries at ``ptr`` (an L1-resident 1 KB table), in the layout of ``ptr``
+    (tl.load's own layout would convert the chunk statistics through shared memory)."""
+    if INTERPRET:
+        return tl.load(ptr)
+    else:
+        return tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=f,l", [ptr],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _level_step(idx, best, need, slev_ptr, S: tl.constexpr):
+    """One step of ``_sigma_on_grid``'s search: probe level idx + S - 1."""
+    lv = _level(slev_ptr + idx + (S - 1))
+    up = lv < need
+    return tl.where(up, idx + S, idx), tl.where(up, best, lv)
+
+
+@triton.jit
+def _sigma_on_grid(need, slev_ptr, l63, l127, l191, l255):
+    """levels[idx], idx = min(255, #{j : levels[j] < need}) (lynx_tables.sigma_index): the
+    branch-free binary search idx = 0; for s in 128, 64, .., 1: if levels[idx + s - 1] < need:
+    idx += s. Its first two probes are scalars (l127, then l63 or l191: no load per chunk), the
+    other six are loads per chunk. The level itself is the last probe that was not below
+    ``need`` (each such probe lies at or above the result, and the probe at idx + s - 1 == idx
+    happens at the lowest zero bit of idx), or levels[255] where none was: no ninth load."""
+    up = l127 < need
+    idx = tl.where(up, 128, 0)
+    best = tl.where(up, l255, l127)
+    lv = tl.where(up, l191, l63)
+    up = lv < need
+    idx = tl.where(up, idx + 64, idx)
+    best = tl.where(up, best, lv)
+    idx, best = _level_step(idx, best, need, slev_ptr, 32)
+    idx, best = _level_step(idx, best, need, slev_ptr, 16)
+    idx, best = _level_step(idx, best, need, slev_ptr, 8)
+    idx, best = _level_step(idx, best, need, slev_ptr, 4)
+    idx, best = _level_step(idx, best, need, slev_ptr, 2)
+    idx, best = _level_step(idx, best, need, slev_ptr, 1)
+    return best
 
 
 @triton.jit
@@ -567,13 +637,13 @@ def _code_centre(mu, isg, lo):
 
 @triton.jit
 def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
-                   prev, ptab_ptr, recip_ptr,
+                   prev, ptab_ptr, recip_ptr, slev_ptr,
                    codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr,
                    ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
                    BT: tl.constexpr, G: tl.constexpr, C: tl.constexpr, CS: tl.constexpr,
                    A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
                    A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr,
-                   TREE: tl.constexpr, SMEM: tl.constexpr,
+                   BYTE_GRID: tl.constexpr, TREE: tl.constexpr, SMEM: tl.constexpr,
                    EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
                    PACK_ASM: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr,
                    C2: tl.constexpr, PAGED: tl.constexpr, PREVIEW: tl.constexpr,
@@ -594,8 +664,16 @@ def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin,
     gr = d0 + (r % G) * 8
     tr0 = ((r // G) % NC) * C + (r // (G * NC)) * NIT
     xoff, cm = _step_offsets(gr, s_d, D, WORDS)
+    if BYTE_GRID:
+        l63, l127, l191, l255 = _grid_levels(slev_ptr)
+    else:
+        l63 = 0.0
+        l127 = 0.0
+        l191 = 0.0
+        l255 = 0.0
     if MIDRANGE:
-        mu, sigma = _stats(lo_n, hi_n, lo_n, lo_n, True)
+        mu, sigma = _stats(lo_n, hi_n, lo_n, lo_n, True, BYTE_GRID, slev_ptr, l63, l127, l191,
+                           l255)
     else:  # the chunk sums need every normalised value: the whole strip at once
         CW: tl.constexpr = CS
         CR: tl.constexpr = NIT
@@ -615,7 +693,8 @@ def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin,
         else:
             csum = tl.sum(tl.sum(xz, axis=0), axis=0)
         count = tl.maximum(tl.minimum(tp - nc * C, C), 1).to(tl.float32)[:, None, None]
-        mu, sigma = _stats(lo_n, hi_n, csum, count, False)
+        mu, sigma = _stats(lo_n, hi_n, csum, count, False, BYTE_GRID, slev_ptr, l63, l127, l191,
+                           l255)
     nct = (tp + C - 1) // C
     dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]
     sidx = (h * nct + nc[:, None, None]) * D + dg[None, :, :]
@@ -669,13 +748,14 @@ def _row_values(v, GT: tl.constexpr, GL: tl.constexpr, RS: tl.constexpr):
 
 @triton.jit
 def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats, prev,
-                 ptab_ptr, recip_ptr, codes_off,
+                 ptab_ptr, recip_ptr, slev_ptr, codes_off,
                  res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
                  SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr, BT: tl.constexpr,
                  G: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr, GT: tl.constexpr,
                  C: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
                  BIAS: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
-                 MIDRANGE: tl.constexpr, TREE: tl.constexpr, SMEM: tl.constexpr,
+                 MIDRANGE: tl.constexpr, BYTE_GRID: tl.constexpr, TREE: tl.constexpr,
+                 SMEM: tl.constexpr,
                  EVEN_D: tl.constexpr, WORDS: tl.constexpr, HINT: tl.constexpr,
                  PACK_ASM: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr,
                  C2: tl.constexpr, PAGED: tl.constexpr, PREVIEW: tl.constexpr,
@@ -710,6 +790,13 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
                               BLOCK, UNIT)
     else:
         ro = 0
+    if BYTE_GRID:  # the search's scalar levels, once (not per step)
+        l63, l127, l191, l255 = _grid_levels(slev_ptr)
+    else:
+        l63 = 0.0
+        l127 = 0.0
+        l191 = 0.0
+        l255 = 0.0
     xk = _load_step(xh, s_t, rows_ptr, body0, t_r, tp, xoff, cmx, True, EVEN_D, WORDS, HINT,
                     PAGED, ro, RUNS)
     for k in tl.range(NIT, loop_unroll_factor=2):  # no register copies of x_next
@@ -728,7 +815,7 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
         lo, hi = tl.reduce((lo, hi), 3, minmax_combine)
         lo, hi = tl.reduce((lo, hi), 0, minmax_combine)  # [TS, NCD]
         if MIDRANGE:
-            mu, sigma = _stats(lo, hi, lo, lo, True)
+            mu, sigma = _stats(lo, hi, lo, lo, True, BYTE_GRID, slev_ptr, l63, l127, l191, l255)
         else:
             xz = tl.where(tl.reshape(cm, [GT, TS, NCD, GL, 8]), xn, 0.0)
             if TREE:
@@ -736,7 +823,8 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
             else:
                 csum = tl.sum(tl.sum(tl.sum(xz, axis=4), axis=3), axis=0)
             count = tl.maximum(tl.minimum(D - c0, C), 1).to(tl.float32)
-            mu, sigma = _stats(lo, hi, csum, count, False)
+            mu, sigma = _stats(lo, hi, csum, count, False, BYTE_GRID, slev_ptr, l63, l127, l191,
+                               l255)
         # stored by the first group of each chunk, from the rows' layout (that of the code
         # words): stored as [TS, NCD] they went through shared memory (4 barriers a step)
         valid = (tr < tp) & (gr < D)
@@ -761,14 +849,14 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
 
 @triton.jit
 def _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr, r8_ptr, rw_ptr,
-           search_ptr, recip_ptr, flags_ptr, gamma, stats, prev, codes_off, res_off, flag,
-           h, H, D, d0, body0, tp, q, base,
+           search_ptr, recip_ptr, slev_ptr, flags_ptr, gamma, stats, prev, codes_off, res_off,
+           flag, h, H, D, d0, body0, tp, q, base,
            WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
            C: tl.constexpr, CS: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
            GT: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
            ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
-           MIDRANGE: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
-           SMEM: tl.constexpr, EVEN_D: tl.constexpr, X_WORDS: tl.constexpr,
+           MIDRANGE: tl.constexpr, BYTE_GRID: tl.constexpr, A_WORDS: tl.constexpr,
+           R_WORDS: tl.constexpr, SMEM: tl.constexpr, EVEN_D: tl.constexpr, X_WORDS: tl.constexpr,
            EVICT: tl.constexpr, PACK_ASM: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr,
            C2: tl.constexpr, TREE: tl.constexpr, PAGED: tl.constexpr, PREVIEW: tl.constexpr,
            BLOCK: tl.constexpr, RUNS: tl.constexpr):
@@ -855,18 +943,19 @@ def _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr, r8_
         tab = search_ptr
     if not TOKEN_AXIS:
         _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
-                       prev, ptab_ptr, recip_ptr,
+                       prev, ptab_ptr, recip_ptr, slev_ptr,
                        codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
                        SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
-                       MIDRANGE, TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "",
-                       PACK_ASM, POLY, C1, C2, PAGED, PREVIEW, ra, rb, kb, RUNS)
+                       MIDRANGE, BYTE_GRID, TREE, SMEM, EVEN_D, X_WORDS,
+                       "evict_first" if EVICT else "", PACK_ASM, POLY, C1, C2, PAGED, PREVIEW,
+                       ra, rb, kb, RUNS)
     else:
         _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats, prev,
-                     ptab_ptr, recip_ptr, codes_off,
+                     ptab_ptr, recip_ptr, slev_ptr, codes_off,
                      res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA, SCALE, P0,
                      EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, MIDRANGE,
-                     TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "", PACK_ASM,
-                     POLY, C1, C2, PAGED, PREVIEW, base, q, BLOCK, RUNS)
+                     BYTE_GRID, TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "",
+                     PACK_ASM, POLY, C1, C2, PAGED, PREVIEW, base, q, BLOCK, RUNS)
     gdt = akv_ptr.dtype.element_ty
     if not TOKEN_AXIS:
         dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]
@@ -900,6 +989,7 @@ def lynx_compress_kernel(
         plan_ptr,                        # int64 [num_pages, NF]
         search_ptr,                      # this stream's LogSearch entries (ops/tables.py)
         recip_ptr,                       # float32 [1024]: RN(1 / 1.m) (ops/tables.py)
+        slev_ptr,                        # BYTE_GRID: float32 [256] sigma levels (lynx_tables)
         flags_ptr,                       # int32 [2, 2]: bad input found (ops/value_flags.py)
         work_ptr,                        # MODE 1 / 2: int32 [1 + num_pages], zeroed: the
                                          # count, then the pages MODE 1 left to MODE 2
@@ -915,7 +1005,8 @@ def lynx_compress_kernel(
         X_WORDS: tl.constexpr, EVICT: tl.constexpr, PACK_ASM: tl.constexpr,
         POLY: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, TREE: tl.constexpr = True,
         PAGED: tl.constexpr = 0, PREVIEW: tl.constexpr = False,
-        HEADS_FAST: tl.constexpr = False, BLOCK: tl.constexpr = 0, MODE: tl.constexpr = 0):
+        HEADS_FAST: tl.constexpr = False, BLOCK: tl.constexpr = 0, MODE: tl.constexpr = 0,
+        BYTE_GRID: tl.constexpr = False):
     if HEADS_FAST:  # a paged cache: the programs running together read whole token rows
         h = tl.program_id(0)
         pid = tl.program_id(1)
@@ -973,10 +1064,10 @@ def lynx_compress_kernel(
     res_off = section(row, F_RES + WHICH, SEC)
     if MODE == 0:
         _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr, r8_ptr, rw_ptr,
-               search_ptr, recip_ptr, flags_ptr, gamma, stats, prev, codes_off, res_off,
-               flag, h, H, D, d0, body0, tp, 0, 0, WHICH, TOKEN_AXIS, BT, G, C, CS, GC, TS,
-               GT, A_BITS, R_BITS, BIAS, ALPHA, SCALE, P0, EPS, MIDRANGE, A_WORDS, R_WORDS,
-               SMEM, EVEN_D, X_WORDS, EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW,
+               search_ptr, recip_ptr, slev_ptr, flags_ptr, gamma, stats, prev, codes_off,
+               res_off, flag, h, H, D, d0, body0, tp, 0, 0, WHICH, TOKEN_AXIS, BT, G, C, CS, GC,
+               TS, GT, A_BITS, R_BITS, BIAS, ALPHA, SCALE, P0, EPS, MIDRANGE, BYTE_GRID, A_WORDS,
+               R_WORDS, SMEM, EVEN_D, X_WORDS, EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW,
                BLOCK, False)
     else:
         # a paged cache read in two launches: the pages whose rows are runs of BLOCK
@@ -987,17 +1078,17 @@ def lynx_compress_kernel(
             q, runs, base = _block_phase(rows_ptr, body0, tp, s_t, BT, BLOCK, PAGED)
             if runs:
                 _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr,
-                       r8_ptr, rw_ptr, search_ptr, recip_ptr, flags_ptr, gamma, stats, prev,
-                       codes_off, res_off, flag, h, H, D, d0, body0, tp, q, base, WHICH,
-                       TOKEN_AXIS, BT, G, C, CS, GC, TS, GT, A_BITS, R_BITS, BIAS, ALPHA,
-                       SCALE, P0, EPS, MIDRANGE, A_WORDS, R_WORDS, SMEM, EVEN_D, X_WORDS,
-                       EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW, BLOCK, True)
+                       r8_ptr, rw_ptr, search_ptr, recip_ptr, slev_ptr, flags_ptr, gamma,
+                       stats, prev, codes_off, res_off, flag, h, H, D, d0, body0, tp, q, base,
+                       WHICH, TOKEN_AXIS, BT, G, C, CS, GC, TS, GT, A_BITS, R_BITS, BIAS, ALPHA,
+                       SCALE, P0, EPS, MIDRANGE, BYTE_GRID, A_WORDS, R_WORDS, SMEM, EVEN_D,
+                       X_WORDS, EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW, BLOCK, True)
             elif (h == 0) & (dt == 0):  # listed once for MODE 2 (no program re-checks it)
                 tl.store(work_ptr + 1 + tl.atomic_add(work_ptr, 1), page)
         else:
             _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr,
-                   r8_ptr, rw_ptr, search_ptr, recip_ptr, flags_ptr, gamma, stats, prev,
-                   codes_off, res_off, flag, h, H, D, d0, body0, tp, 0, 0, WHICH,
+                   r8_ptr, rw_ptr, search_ptr, recip_ptr, slev_ptr, flags_ptr, gamma, stats,
+                   prev, codes_off, res_off, flag, h, H, D, d0, body0, tp, 0, 0, WHICH,
                    TOKEN_AXIS, BT, G, C, CS, GC, TS, GT, A_BITS, R_BITS, BIAS, ALPHA,
-                   SCALE, P0, EPS, MIDRANGE, A_WORDS, R_WORDS, SMEM, EVEN_D, X_WORDS,
-                   EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW, BLOCK, False)
+                   SCALE, P0, EPS, MIDRANGE, BYTE_GRID, A_WORDS, R_WORDS, SMEM, EVEN_D,
+                   X_WORDS, EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW, BLOCK, False)

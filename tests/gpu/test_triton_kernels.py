@@ -2,9 +2,9 @@
 
 On a CUDA machine the kernels run compiled; elsewhere they run under TRITON_INTERPRET=1 (CI
 sets it) on CPU tensors with small shapes. Same checks as tests/ops/test_cpu_kernel.py: bytes
-equal to the reference (both chunk centres), decompression equal to the reference decoder,
-poisoned outputs, every paged layout, pages on their own, and streams interchangeable with the
-cpu backend.
+equal to the reference (both chunk centres, both scalar grids), decompression equal to the
+reference decoder, poisoned outputs, every paged layout, pages on their own, and streams
+interchangeable with the cpu backend.
 """
 import importlib.util
 import os
@@ -19,8 +19,14 @@ if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no CUDA device; set TRITON_INTERPRET=1 to run the Triton kernels on the CPU "
                 "interpreter (ci/test.sh does)", allow_module_level=True)
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from lynx_npu import ops  # noqa: E402
+from lynx_npu.codec import lynx_ref, lynx_tables  # noqa: E402
 from lynx_npu.codec.lynx_config import LynxConfig  # noqa: E402
+from lynx_npu.gpu.launch import sigma_levels  # noqa: E402
+from lynx_npu.gpu.lynx_compress import _grid_levels, _stats  # noqa: E402
 from lynx_npu.ops import KV_CACHE_LAYOUTS  # noqa: E402
 
 from ..ops.parity import (CENTERS, codec, poisoned_compress, random_kv,  # noqa: E402
@@ -311,3 +317,197 @@ def test_compress_refuses_non_finite_input(bad):
     v[0, 69, 3] = bad
     with pytest.raises(ValueError, match=r"v contains NaN or Inf \(first at index \(0, 69, 3\)"):
         ops.compress(k.to(DEVICE), v.to(DEVICE), cfg, backend="triton")
+
+
+# -- the byte scalar grid (LynxConfig.scalar_grid, lynx_tables.py) ----------------------------------
+
+GRIDS = ["float16", "byte"]
+# Both centres, K and V each on both chunk axes, every KV dtype, and head_dim 40: the last chunk
+# along head_dim (token axis) ragged, 8 of 32 values; 31 tokens and SIZES' last: ragged last
+# pages and chunks along tokens.
+GRID_CASES = [("token", "midrange", torch.bfloat16, HEAD_DIM),
+              ("channel", "midrange", torch.float16, HEAD_DIM + 8),
+              ("token", "mean", torch.float32, HEAD_DIM + 8),
+              ("channel", "mean", torch.bfloat16, HEAD_DIM)]
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("v_axis,center,dtype,head_dim", GRID_CASES)
+def test_compress_bytes_scalar_grid(grid, v_axis, center, dtype, head_dim):
+    """Compressed bytes equal the reference's on either scalar grid; on the byte grid they
+    differ from the float16 grid's (a kernel ignoring the grid fails)."""
+    cfg = config(v_axis=v_axis, center=center, scalar_grid=grid)
+    for t in SIZES[1:2] + SIZES[-1:]:
+        k, v = random_kv(HEADS, t, head_dim, dtype, seed=t)
+        got = poisoned_compress(k.to(DEVICE), v.to(DEVICE), cfg, "triton")
+        want = reference_streams(cfg, k, v)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"{t} tokens"
+        if grid == "byte" and t > cfg.num_sink_tokens:
+            other = reference_streams(cfg.replace(scalar_grid="float16"), k, v)
+            assert not torch.equal(want[0], other[0]), "the grids gave the same bytes"
+
+
+def _grid_edge_kv(dtype, t, d, sinks, page, chunk):
+    """KV whose chunks hit the byte grid's edges. Integers in [0, 256] with both ends in every
+    page (first two body tokens, both in the page's first chunk along tokens): page-normalised
+    values are k / 256 exactly, so chunk centres fall on ties ((a + b) / 512 with a + b odd:
+    round half up) and needs on levels (4 / 256 = 2^-6, 128 / 256 = 1/2: the search's
+    ``levels[j] < need`` at equality); K channels 0-7 and all of V. K also: chunks constant
+    at values off the grid (sigma the least nonzero level), at the page max (mu clamped to
+    255 / 256) and at the page min (sigma 0), a constant channel, chunks spanning the page
+    channel's whole range with one value at the max (the mean's need past the top level),
+    and such chunks over odd ranges (the normalised max a hair above or below 1). V also:
+    tokens constant at 0, 256, 76.5 (a tie off the integers) and alternately 0 / 256."""
+    g = torch.Generator().manual_seed(11)
+    k, _ = random_kv(HEADS, t, d, torch.float32, seed=11)
+    ints = torch.randint(0, 257, (HEADS, t, d), generator=g).float()
+    starts = list(range(sinks, t, page))
+    for s0 in starts:
+        ints[:, s0], ints[:, s0 + 1] = 0.0, 256.0
+    v = ints.clone()
+    k[:, :, :8] = ints[:, :, :8]
+    for s0 in starts:
+        for c0 in range(s0, min(s0 + page, t), chunk):
+            k[:, c0:c0 + chunk, 8] = float(torch.rand((), generator=g)) * 3 - 1
+        k[:, s0:s0 + chunk, 8] = 2.0  # the page max: normalised 1
+        k[:, s0 + chunk:s0 + 2 * chunk, 8] = -1.0  # the page min: normalised 0
+        k[:, s0:min(s0 + page, t), 10] = 0.3 + 0.3 * torch.rand(
+            HEADS, min(page, t - s0), generator=g)
+        k[:, s0:s0 + chunk, 10] = 0.0
+        k[:, s0 + 1, 10] = 1.0
+    k[:, :, 9] = 1.5  # a constant channel: normalised 0
+    lo = torch.rand(HEADS, 1, 6, generator=g) * 10 - 5
+    span = torch.rand(HEADS, 1, 6, generator=g) * 7 + 0.01
+    k[:, :, 11:17] = lo + span * torch.rand(HEADS, t, 6, generator=g)
+    for s0 in starts:  # the page channel's ends in its first chunk
+        k[:, s0, 11:17], k[:, s0 + 1, 11:17] = lo[:, 0], (lo + span)[:, 0]
+    for s0 in starts:
+        if s0 + 6 < t:
+            v[:, s0 + 2], v[:, s0 + 3], v[:, s0 + 4] = 0.0, 256.0, 76.5
+            v[:, s0 + 5, 0::2], v[:, s0 + 5, 1::2] = 0.0, 256.0
+    return k.to(dtype), v.to(dtype)
+
+
+@pytest.mark.parametrize("grid,center,dtype", [
+    (grid, center, dtype) for grid in GRIDS for center in CENTERS
+    for dtype in (torch.bfloat16, torch.float16, torch.float32)
+    if grid == "byte" or (dtype == torch.bfloat16) == (center == "midrange")])
+def test_compress_bytes_scalar_grid_edges(grid, center, dtype):
+    """The byte grid's edges (``_grid_edge_kv``) give the reference's bytes; the data reaches
+    them: mu 255 / 256 and sigma 0, 2^-6, 1/2 (and, with the mean, the top level)."""
+    cfg = config(center=center, scalar_grid=grid)
+    page, chunk, sinks = cfg.page_size, cfg.chunk_size, cfg.num_sink_tokens
+    t = 2 * page + sinks + 18  # a ragged last page
+    k, v = _grid_edge_kv(dtype, t, HEAD_DIM, sinks, page, chunk)
+    got = poisoned_compress(k.to(DEVICE), v.to(DEVICE), cfg, "triton")
+    want = reference_streams(cfg, k, v)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    if grid == "byte":
+        body = slice(sinks, sinks + page)
+        _, _, _, sk = lynx_ref.quantize(k[:, body].unsqueeze(0), cfg, "k")
+        _, _, _, sv = lynx_ref.quantize(v[:, body].unsqueeze(0), cfg, "v")
+        mus = set(torch.cat([sk[0, 0], sv[0, 0]]).float().tolist())
+        sigmas = set(torch.cat([sk[0, 1], sv[0, 1]]).float().tolist())
+        lv = lynx_tables.sigma_levels().tolist()
+        assert 255 / 256 in mus and {0.0, lv[1], lv[254]} <= sigmas, (mus, sigmas)
+        if center == "mean":
+            assert lv[255] in sigmas
+
+
+def _centre_cases() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(centre, lo, hi) float32 rows for the grid's scalars: the sigma search at every level,
+    a float32 step either side of it, and random needs (centre 0 = mu, lo 0, so need = hi);
+    then mu's rounding at every tie (n + 1/2) / 256 and a step either side, the top (clamped
+    to 255 / 256) and random centres (lo = hi = centre: need = |centre - mu|)."""
+    g = torch.Generator().manual_seed(7)
+    lv = lynx_tables.sigma_levels()
+    inf = torch.tensor(float("inf"))
+    need = torch.cat([lv, torch.nextafter(lv, inf), torch.nextafter(lv[1:], -inf),
+                      torch.tensor([1e-30, 2.0 ** -7, 0.75, 1.0, 2.0]),
+                      torch.rand(2000, generator=g) * 0.6,
+                      torch.exp2(torch.rand(2000, generator=g) * -12)])
+    ties = (torch.arange(256, dtype=torch.float32) + 0.5) / 256
+    cen = torch.cat([ties, torch.nextafter(ties, inf), torch.nextafter(ties, -inf),
+                     torch.arange(257, dtype=torch.float32) / 256,
+                     torch.tensor([0.0, 1e-30, 1.0 + 2.0 ** -23, 1.25]),
+                     torch.rand(2000, generator=g)])
+    centre = torch.cat([torch.zeros_like(need), cen])
+    lo = torch.cat([torch.zeros_like(need), cen])
+    hi = torch.cat([need, cen])
+    n = -(-centre.numel() // 1024) * 1024  # whole blocks: pad with the last row
+    pad = lambda x: torch.cat([x, x[-1:].expand(n - x.numel())]).contiguous()  # noqa: E731
+    return pad(centre), pad(lo), pad(hi)
+
+
+@triton.jit
+def _grid_stats_kernel(c_ptr, lo_ptr, hi_ptr, mu_ptr, sigma_ptr, slev_ptr):
+    """The compress kernel's byte-grid ``_stats`` of 1024 (centre, lo, hi) rows a program (the
+    mean's csum / count with count 1: the centre itself)."""
+    i = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    c = tl.load(c_ptr + i)
+    l63, l127, l191, l255 = _grid_levels(slev_ptr)
+    mu, sigma = _stats(tl.load(lo_ptr + i), tl.load(hi_ptr + i), c,
+                       tl.full(c.shape, 1.0, tl.float32), False, True, slev_ptr, l63, l127, l191,
+                       l255)
+    tl.store(mu_ptr + i, mu)
+    tl.store(sigma_ptr + i, sigma)
+
+
+def test_scalar_grid_stats_equal_the_reference():
+    """The kernel's byte-grid scalars (``_stats``: mu's rounding, ``_sigma_on_grid``'s search)
+    equal lynx_tables' for centres and needs at and around every tie and level."""
+    centre, lo, hi = _centre_cases()
+    mu = torch.empty(centre.shape, dtype=torch.float16, device=DEVICE)
+    sigma = torch.empty_like(mu)
+    _grid_stats_kernel[(centre.numel() // 1024,)](
+        centre.to(DEVICE), lo.to(DEVICE), hi.to(DEVICE), mu, sigma, sigma_levels(mu.device),
+        enable_fp_fusion=False)
+    want_mu = lynx_tables.mu_on_grid(centre)
+    need = torch.maximum(hi - want_mu, want_mu - lo)
+    want_sigma = lynx_tables.sigma_levels()[lynx_tables.sigma_index(need)]
+    assert torch.equal(mu.cpu(), want_mu.half())
+    assert torch.equal(sigma.cpu(), want_sigma.half())
+    assert len(set(want_sigma.tolist())) == 256  # every level reached
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("center,runs", [("midrange", True), ("midrange", False),
+                                         ("mean", False)])
+def test_paged_compress_scalar_grid(monkeypatch, grid, center, runs):
+    """A paged cache compressed through the page serde (the gather fused into the kernel,
+    the wire's scalar bytes stored by it): a page's rows as runs of a block's rows (launch
+    MODE 1) or per token (the page with two tokens swapped: MODE 2; runs off: MODE 0) give
+    the reference's pages on either grid."""
+    from lynx_npu.codec.lynx_config import make_config
+    from lynx_npu.gpu import launch
+
+    from ..ops.serde_checks import block_slots, check_encode_slots
+    monkeypatch.setitem(launch.TUNING["compress"], "ROW_BLOCKS", runs)
+    # blocks of 32 rows, head_dim 64: both K's and V's launches try runs (the interpreter's
+    # small pages); the GPU's pages with blocks of 16
+    kw = dict(page_size=64, chunk_size=16, d=64) if not CUDA else dict(page_size=256,
+                                                                      chunk_size=32, d=128)
+    bs = 32 if not CUDA else 16
+    d = kw.pop("d")
+    cfg = make_config(center=center, scalar_grid=grid, **kw)
+    if runs:
+        for which in "kv":
+            assert launch._row_block(torch.empty(2, bs, d), launch._blocks(cfg, d, which),
+                                     which) == bs
+    page, sinks = cfg.page_size, cfg.num_sink_tokens
+    t = 2 * page + sinks + 40
+    slots = block_slots(t, -(-t // bs) + 3, bs, "random", seed=6).clone()
+    a = sinks + page + 10  # two tokens of page 1 swapped: that page per token
+    slots[[a, a + 11]] = slots[[a + 11, a]]
+    assert check_encode_slots("lynx", "vllm_flash_nhd", slots, DEVICE, "triton", block_size=bs,
+                              h=HEADS, d=d, center=center, scalar_grid=grid, **kw) == "triton"
+
+
+def test_supports_each_scalar_grid():
+    """Both grids are supported; a grid the kernel does not know is refused with a reason."""
+    from lynx_npu.gpu import launch
+    for grid in GRIDS:
+        assert launch.supports(config(scalar_grid=grid), HEADS, HEAD_DIM, torch.bfloat16) is None
+    cfg = config()
+    object.__setattr__(cfg, "scalar_grid", "int4")  # past LynxConfig's own check
+    assert "scalar_grid='int4'" in launch.supports(cfg, HEADS, HEAD_DIM, torch.bfloat16)
