@@ -59,27 +59,27 @@ def _up(n: int, a: int = 32) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _preview_table_host() -> torch.Tensor:
-    """uint8 [2, 65536]: the preview byte of every float16 bit pattern as mu (row 0) and as
-    sigma (row 1), by lynx_stream.preview itself."""
+def _preview_table_host(grid: str) -> torch.Tensor:
+    """uint8 [2, 65536]: the byte of every float16 bit pattern as mu (row 0) and as sigma
+    (row 1) on scalar grid ``grid``, by lynx_stream.preview itself."""
     values = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(SCALAR_DTYPE)
-    return preview(torch.stack([values, values])).contiguous()
+    return preview(torch.stack([values, values]), grid).contiguous()
 
 
-_TABLES: dict[str, torch.Tensor] = {}
+_TABLES: dict[tuple[str, str], torch.Tensor] = {}
 
 
-def preview_table(device) -> torch.Tensor:
-    key = str(torch.device(device))
+def preview_table(device, grid: str) -> torch.Tensor:
+    key = (str(torch.device(device)), grid)
     if key not in _TABLES:
-        _TABLES[key] = _preview_table_host().to(device)
+        _TABLES[key] = _preview_table_host(grid).to(device)
     return _TABLES[key]
 
 
 @functools.lru_cache(maxsize=None)
-def _levels_f16() -> np.ndarray:
-    """float16 [2, 256] as uint16 bits: what each preview byte expands to (lynx_stream.expand)."""
-    return preview_levels().to(SCALAR_DTYPE).view(torch.int16).numpy().view(np.uint16)
+def _levels_f16(grid: str) -> np.ndarray:
+    """float16 [2, 256] as uint16 bits: what each byte expands to (lynx_stream.expand)."""
+    return preview_levels(grid).to(SCALAR_DTYPE).view(torch.int16).numpy().view(np.uint16)
 
 
 @dataclass
@@ -218,7 +218,8 @@ class LynxSerde(PageSerde):
                                   t.tensor.storage_offset() + t.offset) for t in (rc0.k, rc0.v)]
         buf = out if out is not None else torch.empty(plan.anchor_nbytes, dtype=torch.uint8,
                                                       device=slots.device)
-        kw = {"previews": (prev, preview_table(slots.device))} if prev is not None else {}
+        kw = ({"previews": (prev, preview_table(slots.device, self.config.scalar_grid))}
+              if prev is not None else {})
         align = row_align(rc0, *cache.layer_offsets[0], *cache.layer_offsets[1])
         if flags is not None:
             kw["flags"] = flags
@@ -275,7 +276,8 @@ class LynxSerde(PageSerde):
             kw["flags"] = flags
         fused_previews = lw.preview_offsets is not None and "previews" in params
         if fused_previews:
-            kw["previews"] = (lw.previews_on(k.device), preview_table(k.device))
+            kw["previews"] = (lw.previews_on(k.device),
+                              preview_table(k.device, self.config.scalar_grid))
         impl.compress(k, v, lw.plan, out=(buf, buf), **kw)
         for off, n in lw.extra_pads:
             buf[off:off + n].zero_()
@@ -444,8 +446,8 @@ class LynxSerde(PageSerde):
             for f in frames:
                 bases.append(off)
                 off = _up(off + len(f))
-            scratch = {}
-            if not full and pw.previews:
+            scratch = {}  # the scalars expanded from the anchor's bytes: anchor-only pages
+            if pw.previews and (not full or pw.sections["k_stats"][0] == SCRATCH):  # byte grid
                 for w in "kv":
                     scratch[w] = off
                     off = _up(off + pw.stats_nbytes[w])
@@ -458,11 +460,11 @@ class LynxSerde(PageSerde):
             page_layers[full].append(layers[i] if layers is not None else 0)
             for f, b in zip(frames, bases):
                 raw[b:b + len(f)] = np.frombuffer(f, dtype=np.uint8)
-            for w, s in scratch.items():  # anchor stage: stats stood in for by previews
+            for w, s in scratch.items():
                 f0, o = pw.previews[w]
                 nb = pw.stats_nbytes[w] // 2
                 u = raw[bases[f0] + o:bases[f0] + o + nb].reshape(2, -1)
-                lv = _levels_f16()
+                lv = _levels_f16(cfg.scalar_grid)
                 stats = np.stack([lv[0][u[0]], lv[1][u[1]]])
                 raw[s:s + 2 * nb] = stats.reshape(-1).view(np.uint8)
             rows[full].append(_row(pw, bases, full, scratch, relative))
@@ -566,11 +568,26 @@ def _runs(lw: LayerWire):
     return runs
 
 
+def _offset(lw: LayerWire, page: int, where: tuple[int, int]) -> int:
+    """A section's byte offset in the layer buffer from its (frame or SCRATCH, offset)."""
+    f, o = where
+    return (lw.scratch_offsets[page] if f == SCRATCH else lw.frame_offsets[page][f]) + o
+
+
+def _preview_steps(lw: LayerWire, first: int, count: int, w: str):
+    """-> (stats offset, preview offset, their strides) over a run of pages."""
+    pw = lw.pages[first]
+    src = [_offset(lw, first + i, pw.sections[w + "_stats"]) for i in range(min(count, 2))]
+    dst = [_offset(lw, first + i, pw.previews[w]) for i in range(min(count, 2))]
+    return src[0], dst[0], src[-1] - src[0], dst[-1] - dst[0]
+
+
 def _write_previews(buf: torch.Tensor, lw: LayerWire) -> None:
-    """Previews from the exact stats the kernel wrote (backends without the fused store)."""
+    """The anchor's scalar bytes from the float16 stats the kernel wrote (backends without the
+    fused store)."""
     if buf.device.type == "cpu":
         return _write_previews_host(buf.numpy(), lw)
-    tab = preview_table(buf.device)
+    tab = preview_table(buf.device, lw.config.scalar_grid)
     b16 = buf.view(torch.int16)
     for first, count in _runs(lw):
         pw = lw.pages[first]
@@ -578,13 +595,7 @@ def _write_previews(buf: torch.Tensor, lw: LayerWire) -> None:
             nc = pw.stats_nbytes[w] // 4
             if nc == 0:
                 continue
-            fs, os_ = pw.sections[w + "_stats"]
-            fp, op = pw.previews[w]
-            src0, dst0 = lw.frame_offsets[first][fs] + os_, lw.frame_offsets[first][fp] + op
-            s_step = (lw.frame_offsets[first + 1][fs] - lw.frame_offsets[first][fs]) \
-                if count > 1 else 0
-            d_step = (lw.frame_offsets[first + 1][fp] - lw.frame_offsets[first][fp]) \
-                if count > 1 else 0
+            src0, dst0, s_step, d_step = _preview_steps(lw, first, count, w)
             bits = torch.as_strided(b16, (count, 2, nc), (s_step // 2, nc, 1), src0 // 2)
             idx = bits.to(torch.int64) & 0xFFFF
             u = torch.stack([tab[0][idx[:, 0]], tab[1][idx[:, 1]]], dim=1)
@@ -593,7 +604,7 @@ def _write_previews(buf: torch.Tensor, lw: LayerWire) -> None:
 
 def _write_previews_host(raw: np.ndarray, lw: LayerWire) -> None:
     """_write_previews on a host buffer, with numpy (a table lookup by float16 bits)."""
-    tab = _preview_table_host().numpy()
+    tab = _preview_table_host(lw.config.scalar_grid).numpy()
     raw16 = raw[:raw.size // 2 * 2].view(np.uint16)
     strided = np.lib.stride_tricks.as_strided
     for first, count in _runs(lw):
@@ -602,12 +613,7 @@ def _write_previews_host(raw: np.ndarray, lw: LayerWire) -> None:
             nc = pw.stats_nbytes[w] // 4
             if nc == 0:
                 continue
-            fs, os_ = pw.sections[w + "_stats"]
-            fp, op = pw.previews[w]
-            src0, dst0 = lw.frame_offsets[first][fs] + os_, lw.frame_offsets[first][fp] + op
-            nxt = lw.frame_offsets[first + 1] if count > 1 else lw.frame_offsets[first]
-            s_step = nxt[fs] - lw.frame_offsets[first][fs]
-            d_step = nxt[fp] - lw.frame_offsets[first][fp]
+            src0, dst0, s_step, d_step = _preview_steps(lw, first, count, w)
             bits = strided(raw16[src0 // 2:], (count, 2, nc), (s_step, 2 * nc, 2))
             dst = strided(raw[dst0:], (count, 2, nc), (d_step, nc, 1))
             dst[:, 0] = tab[0][bits[:, 0]]

@@ -6,8 +6,10 @@ each section of each page in the frames a codec sends, and builds the tables tha
 
 Frames per page, by codec (codec/lynx.py is the specification; the serde tests compare bytes):
 
-* ``lynx``:      anchor frame = the stream layout's anchor (codes, gamma, scalar previews or the
-                 exact stats, sinks); residual frame = residual codes (then the exact stats).
+* ``lynx``:      anchor frame = the stream layout's anchor (codes, gamma, one byte per chunk
+                 scalar or the exact stats, sinks); residual frame = residual codes (then, on
+                 the float16 scalar grid, the exact stats; on the byte grid the kernels' float16
+                 stats go to scratch, and the anchor's bytes are made from them).
 * ``lynx-int4``: the kernel layout's anchor alone (the residual codes go to scratch, unsent).
 * ``lynx-int8``: one frame, the kernel layout's anchor followed by its residual.
 
@@ -73,6 +75,10 @@ def page_wire(variant: str, cfg: LynxConfig, num_kv_heads: int, head_dim: int,
                     previews[s.name[0]] = (fi, s.offset)
                 else:
                     sections[s.name] = (fi, s.offset)
+        for s in kl.anchor:  # byte grid: the anchor's bytes are the scalars, sent once; the
+            if s.name not in sections:  # kernels' float16 copy goes to scratch
+                sections[s.name] = (SCRATCH, scratch)
+                scratch = _up(scratch + s.nbytes)
     elif variant == "lynx-int4":
         frames = (kl.anchor_nbytes,)
         sections = {s.name: (0, s.offset) for s in kl.anchor}

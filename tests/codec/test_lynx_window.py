@@ -22,11 +22,12 @@ def codecs(**kw):
     return lynx_npu.get_codec("lynx", **kw), lynx_npu.get_codec("lynx", recent_tokens=0, **kw)
 
 
+@pytest.mark.parametrize("grid", ["byte", "float16"])
 @pytest.mark.parametrize("tokens, page_size", [(3000, 256), (2569, 64), (2048 + 4, 256)])
-def test_the_window_restores_the_last_tokens_at_the_anchor_stage(tokens, page_size):
+def test_the_window_restores_the_last_tokens_at_the_anchor_stage(tokens, page_size, grid):
     """Window rows: bit for bit the full stage's; V's other tokens (chunks within a token) and
     K's tokens outside the window's chunks: bit for bit the window-less anchor's."""
-    win, plain = codecs(page_size=page_size)
+    win, plain = codecs(page_size=page_size, scalar_grid=grid)
     k, v = kv(tokens, seed=tokens)
     w = recent_window(win.config, tokens)
     assert w == 32  # every layer of 32 x 64 = 2048 tokens or more

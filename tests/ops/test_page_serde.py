@@ -35,7 +35,9 @@ def test_dense_encode_gives_encode_pages_bytes(name, t):
 
 
 @pytest.mark.parametrize("preset", [{}, {"preset": "paper"}, {"center": "mean", "anchor_bits": 3},
-                                    {"v_axis": "channel", "num_sink_tokens": 0}])
+                                    {"v_axis": "channel", "num_sink_tokens": 0},
+                                    {"scalar_grid": "float16"},
+                                    {"scalar_grid": "float16", "center": "mean"}])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_configs_and_dtypes(preset, dtype):
     codec = small_codec("lynx", **preset)
@@ -64,11 +66,14 @@ def test_decode_into_every_cache_layout(layout, name, stage):
     assert used == ("cpu" if name in LYNX else "reference")
 
 
+@pytest.mark.parametrize("grid", ["byte", "float16"])
 @pytest.mark.parametrize("stage", ["anchor", "full"])
-def test_a_window_over_two_pages_decodes_as_the_codec(stage):
+def test_a_window_over_two_pages_decodes_as_the_codec(stage, grid):
     """2569 tokens in pages of 64: the window of 32 is the last 5 rows of one page and 27 of
-    the one before; at the anchor stage both take the full-stage path on a made-up residual."""
-    assert check_decode_into("lynx", "vllm_cpu", stage, "cpu", t=2569) == "cpu"
+    the one before; at the anchor stage both take the full-stage path on a made-up residual.
+    On the byte grid every page's scalars come from the anchor's bytes, at both stages."""
+    assert check_decode_into("lynx", "vllm_cpu", stage, "cpu", t=2569,
+                             scalar_grid=grid) == "cpu"
 
 
 @pytest.mark.parametrize("name", LYNX + BASELINES)
