@@ -231,7 +231,7 @@ def test_every_anchor_of_every_request_is_read_before_any_residual():
     codec = small_codec("lynx")
     with _Pair(engine_kw={"gbps": 0.05, "batch_bytes": 64 << 10}) as (receiver, sender):
         with sender.paused():
-            sends = [sender.send(rid, codec, make_layers(2, 260, seed=rid)) for rid in (7, 8, 9)]
+            sends = [sender.send(rid, codec, make_layers(3, 260, seed=rid)) for rid in (7, 8, 9)]
             assert all(s.queued.wait(WAIT) for s in sends)
         handles = [receiver.request(rid) for rid in (7, 8, 9)]
         assert all(h.wait(WAIT) for h in handles)
