@@ -38,10 +38,11 @@ Then mu = f16((hi + lo) / 2) (MIDRANGE) or f16(pairwise tree sum / count) (mean,
 reference's order: lynx_ref.tree_sum), and sigma = f16(max |xn - mu|) =
 f16(max(RN(hi - mu), RN(mu - lo))) (RN(. - mu) is monotone), with no per-value |.| or max;
 on the byte grid (BYTE_GRID, LynxConfig.scalar_grid "byte", lynx_tables.py) mu = the float32
-centre rounded to u / 256 and sigma = the least of 256 levels >= that max, found per chunk by a
-binary search (``_sigma_on_grid``: two probes from scalars loaded once per program, six loads
-from the 1 KB level table at ``slev_ptr``, which stays in L1), both exact float16 values (a
-constexpr branch: the float16 grid's code is unchanged);
+centre rounded to u / 256 and sigma = the least of 256 levels >= that max, found per chunk
+from its log2 (``_sigma_on_grid``: one lg2.approx gives the level's index or one less, two
+independent loads from the 1 KB level table at ``slev_ptr``, which stays in L1, and one compare
+settle it exactly), both exact float16 values (a constexpr branch: the float16 grid's code is
+unchanged);
 xf = RN(RN(xn - mu) * RN(1 / sigma)). Both reciprocals are computed once per channel / chunk.
 Codes: a quadratic in |xf| (small alphas, ops/tables.py ``PolySearch``) or Eq. (3) in float32
 (one lg2.approx, ``LogSearch``) gives I - 1 or I, one float32 threshold from the 1 KB search
@@ -86,6 +87,10 @@ MAGIC = tl.constexpr(T.MAGIC)  # y + MAGIC rounds y to an integer, in the low ma
 MAGIC_BITS = tl.constexpr(T.MAGIC_BITS)  # float32 bits of MAGIC
 SEARCH_LEN = tl.constexpr(T.SEARCH_LEN)
 MU_STEPS = tl.constexpr(lynx_tables.MU_STEPS)  # BYTE_GRID: mu = u / MU_STEPS
+# BYTE_GRID: levels[1 + u] = f16(2^(SIGMA_LOW_LOG2 + u / SIGMA_PER_LOG2)), u = 0 .. 253
+SIGMA_PER_LOG2 = 253.0 / (-1.0 - lynx_tables.SIGMA_LOW_LOG2)
+SIGMA_B = tl.constexpr(1.0 - lynx_tables.SIGMA_LOW_LOG2 * SIGMA_PER_LOG2)  # the index at need 1
+SIGMA_PER_LOG2 = tl.constexpr(SIGMA_PER_LOG2)
 # triton.jit reads TRITON_INTERPRET at import, as here: the interpreter has no fast_log2f
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -441,13 +446,12 @@ def _widen(xk, R: tl.constexpr, WORDS: tl.constexpr):
 
 
 @triton.jit
-def _stats(lo, hi, csum, count, MIDRANGE: tl.constexpr, BYTE_GRID: tl.constexpr, slev_ptr,
-           l63, l127, l191, l255):
+def _stats(lo, hi, csum, count, MIDRANGE: tl.constexpr, BYTE_GRID: tl.constexpr, slev_ptr):
     """(mu f16, sigma f16) of chunks with min / max ``lo`` / ``hi`` of their normalised values
     (``csum``: their tree sum, for the mean). Unused arguments may be anything. BYTE_GRID
     (lynx_tables.py): mu = u / 256, u = min(255, max(0, floor(256 c + 1/2))) of the float32
     centre c, and sigma the smallest level >= max |xn - mu| (``_sigma_on_grid``: the levels at
-    ``slev_ptr``, l63 .. l255 its entries loaded once per program by ``_grid_levels``)."""
+    ``slev_ptr``)."""
     if MIDRANGE:
         c = (hi + lo) * 0.5  # * 0.5 == / 2 exactly
     else:
@@ -457,20 +461,12 @@ def _stats(lo, hi, csum, count, MIDRANGE: tl.constexpr, BYTE_GRID: tl.constexpr,
         mu32 = u * (1.0 / MU_STEPS)
         need = tl.maximum(hi - mu32, mu32 - lo)  # = max |xn - mu|: RN(. - mu) is monotone
         mu = mu32.to(tl.float16)  # exact, as sigma: u / 256 and every level are float16 values
-        sigma = _sigma_on_grid(need, slev_ptr, l63, l127, l191, l255).to(tl.float16)
+        sigma = _sigma_on_grid(need, slev_ptr).to(tl.float16)
     else:
         mu = c.to(tl.float16)
         mu32 = mu.to(tl.float32)
         sigma = tl.maximum(hi - mu32, mu32 - lo).to(tl.float16)
     return mu, sigma
-
-
-@triton.jit
-def _grid_levels(slev_ptr):
-    """The sigma levels the first two steps of ``_sigma_on_grid``'s search read (63, 127, 191)
-    and the top one (255): scalars, loaded once per program."""
-    return (tl.load(slev_ptr + 63), tl.load(slev_ptr + 127), tl.load(slev_ptr + 191),
-            tl.load(slev_ptr + 255))
 
 
 @triton.jit
@@ -485,35 +481,31 @@ def _level(ptr):
 
 
 @triton.jit
-def _level_step(idx, best, need, slev_ptr, S: tl.constexpr):
-    """One step of ``_sigma_on_grid``'s search: probe level idx + S - 1."""
-    lv = _level(slev_ptr + idx + (S - 1))
-    up = lv < need
-    return tl.where(up, idx + S, idx), tl.where(up, best, lv)
-
-
-@triton.jit
-def _sigma_on_grid(need, slev_ptr, l63, l127, l191, l255):
-    """levels[idx], idx = min(255, #{j : levels[j] < need}) (lynx_tables.sigma_index): the
-    branch-free binary search idx = 0; for s in 128, 64, .., 1: if levels[idx + s - 1] < need:
-    idx += s. Its first two probes are scalars (l127, then l63 or l191: no load per chunk), the
-    other six are loads per chunk. The level itself is the last probe that was not below
-    ``need`` (each such probe lies at or above the result, and the probe at idx + s - 1 == idx
-    happens at the lowest zero bit of idx), or levels[255] where none was: no ninth load."""
-    up = l127 < need
-    idx = tl.where(up, 128, 0)
-    best = tl.where(up, l255, l127)
-    lv = tl.where(up, l191, l63)
-    up = lv < need
-    idx = tl.where(up, idx + 64, idx)
-    best = tl.where(up, best, lv)
-    idx, best = _level_step(idx, best, need, slev_ptr, 32)
-    idx, best = _level_step(idx, best, need, slev_ptr, 16)
-    idx, best = _level_step(idx, best, need, slev_ptr, 8)
-    idx, best = _level_step(idx, best, need, slev_ptr, 4)
-    idx, best = _level_step(idx, best, need, slev_ptr, 2)
-    idx, best = _level_step(idx, best, need, slev_ptr, 1)
-    return best
+def _sigma_on_grid(need, slev_ptr):
+    """levels[idx], idx = min(255, #{j : levels[j] < need}) (lynx_tables.sigma_index), for
+    need >= 0 (NaN or Inf: some level, and no load out of the table). The index of level j >= 1
+    in log2 is f(levels[j]) = j + d_j, f(x) = SIGMA_B + log2(x) * SIGMA_PER_LOG2 (= (log2 x + 6)
+    * 253 / 5 + 1), |d_j| < 0.036: the levels are 2^(-6 + (j - 1) * 5 / 253) rounded to float16
+    (relative error <= 2^-11, < 0.0008 in log2, the spacing being 5 / 253 = 0.0198), save the
+    top one (f(0.5 + 2^-8) = 254.57; f(0.5) = 254 exactly). So for idx in 1 .. 254, i.e. need
+    in (levels[idx - 1], levels[idx]], f(need) lies in (idx - 1 - 0.036, idx + 0.036] and e =
+    round(f(need)) is idx - 1 or idx: lg2.approx's error (~2^-22 relative) and float32's
+    rounding of f (< 2^-15) are far inside the margin of 0.46. e clamped to [0, 254] keeps that
+    for idx = 1 (e <= 0 -> 0) and gives 254 for idx = 255 (need > 0.5: f > 254 - 0.036), and
+    need = 0 (log2 = -inf) has e = 0 = idx. Then idx = e if levels[e] >= need, else e + 1:
+    sigma = the least of levels[e], levels[e + 1] (two independent loads) that is >= need.
+    tests/gpu/test_triton_kernels.py checks the d_j, and the result at, around and between
+    every level."""
+    if INTERPRET:  # numpy log2 (the interpreter has no fast_log2f); the result is the same
+        lg = tl.log2(need)
+    else:  # lg2.approx (one MUFU op)
+        lg = libdevice.fast_log2f(need)
+    # round(f) in the low mantissa bits (|f| < 2^22); +-Inf or NaN give bits outside the clamp
+    w = tl.fma(lg, SIGMA_PER_LOG2, SIGMA_B) + MAGIC
+    e = tl.minimum(tl.maximum(w.to(tl.int32, bitcast=True) - MAGIC_BITS, 0), 254)
+    lv = _level(slev_ptr + e)  # levels[e + 1] >= need: the min reads it unconditionally (a
+    # where would let ptxas predicate its load on the first one's compare: two serial loads)
+    return tl.minimum(tl.where(lv >= need, lv, float("inf")), _level(slev_ptr + e + 1))
 
 
 @triton.jit
@@ -664,16 +656,8 @@ def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin,
     gr = d0 + (r % G) * 8
     tr0 = ((r // G) % NC) * C + (r // (G * NC)) * NIT
     xoff, cm = _step_offsets(gr, s_d, D, WORDS)
-    if BYTE_GRID:
-        l63, l127, l191, l255 = _grid_levels(slev_ptr)
-    else:
-        l63 = 0.0
-        l127 = 0.0
-        l191 = 0.0
-        l255 = 0.0
     if MIDRANGE:
-        mu, sigma = _stats(lo_n, hi_n, lo_n, lo_n, True, BYTE_GRID, slev_ptr, l63, l127, l191,
-                           l255)
+        mu, sigma = _stats(lo_n, hi_n, lo_n, lo_n, True, BYTE_GRID, slev_ptr)
     else:  # the chunk sums need every normalised value: the whole strip at once
         CW: tl.constexpr = CS
         CR: tl.constexpr = NIT
@@ -693,8 +677,7 @@ def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin,
         else:
             csum = tl.sum(tl.sum(xz, axis=0), axis=0)
         count = tl.maximum(tl.minimum(tp - nc * C, C), 1).to(tl.float32)[:, None, None]
-        mu, sigma = _stats(lo_n, hi_n, csum, count, False, BYTE_GRID, slev_ptr, l63, l127, l191,
-                           l255)
+        mu, sigma = _stats(lo_n, hi_n, csum, count, False, BYTE_GRID, slev_ptr)
     nct = (tp + C - 1) // C
     dg = d0 + tl.arange(0, G)[:, None] * 8 + j[None, :]
     sidx = (h * nct + nc[:, None, None]) * D + dg[None, :, :]
@@ -790,13 +773,6 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
                               BLOCK, UNIT)
     else:
         ro = 0
-    if BYTE_GRID:  # the search's scalar levels, once (not per step)
-        l63, l127, l191, l255 = _grid_levels(slev_ptr)
-    else:
-        l63 = 0.0
-        l127 = 0.0
-        l191 = 0.0
-        l255 = 0.0
     xk = _load_step(xh, s_t, rows_ptr, body0, t_r, tp, xoff, cmx, True, EVEN_D, WORDS, HINT,
                     PAGED, ro, RUNS)
     for k in tl.range(NIT, loop_unroll_factor=2):  # no register copies of x_next
@@ -815,7 +791,7 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
         lo, hi = tl.reduce((lo, hi), 3, minmax_combine)
         lo, hi = tl.reduce((lo, hi), 0, minmax_combine)  # [TS, NCD]
         if MIDRANGE:
-            mu, sigma = _stats(lo, hi, lo, lo, True, BYTE_GRID, slev_ptr, l63, l127, l191, l255)
+            mu, sigma = _stats(lo, hi, lo, lo, True, BYTE_GRID, slev_ptr)
         else:
             xz = tl.where(tl.reshape(cm, [GT, TS, NCD, GL, 8]), xn, 0.0)
             if TREE:
@@ -823,8 +799,7 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
             else:
                 csum = tl.sum(tl.sum(tl.sum(xz, axis=4), axis=3), axis=0)
             count = tl.maximum(tl.minimum(D - c0, C), 1).to(tl.float32)
-            mu, sigma = _stats(lo, hi, csum, count, False, BYTE_GRID, slev_ptr, l63, l127, l191,
-                               l255)
+            mu, sigma = _stats(lo, hi, csum, count, False, BYTE_GRID, slev_ptr)
         # stored by the first group of each chunk, from the rows' layout (that of the code
         # words): stored as [TS, NCD] they went through shared memory (4 barriers a step)
         valid = (tr < tp) & (gr < D)

@@ -26,7 +26,7 @@ from lynx_npu import ops  # noqa: E402
 from lynx_npu.codec import lynx_ref, lynx_tables  # noqa: E402
 from lynx_npu.codec.lynx_config import LynxConfig  # noqa: E402
 from lynx_npu.gpu.launch import sigma_levels  # noqa: E402
-from lynx_npu.gpu.lynx_compress import _grid_levels, _stats  # noqa: E402
+from lynx_npu.gpu.lynx_compress import SIGMA_B, SIGMA_PER_LOG2, _stats  # noqa: E402
 from lynx_npu.ops import KV_CACHE_LAYOUTS  # noqa: E402
 
 from ..ops.parity import (CENTERS, codec, poisoned_compress, random_kv,  # noqa: E402
@@ -415,15 +415,22 @@ def test_compress_bytes_scalar_grid_edges(grid, center, dtype):
 
 
 def _centre_cases() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(centre, lo, hi) float32 rows for the grid's scalars: the sigma search at every level,
-    a float32 step either side of it, and random needs (centre 0 = mu, lo 0, so need = hi);
+    """(centre, lo, hi) float32 rows for the grid's scalars: sigma at every level, a float32
+    step either side of it and the geometric midpoint to the next (where the estimate's
+    rounding changes), needs in (0, 2^-6] (subnormals too), above the top level (Inf too) and
+    random needs (centre 0 = mu, lo 0, so need = hi);
     then mu's rounding at every tie (n + 1/2) / 256 and a step either side, the top (clamped
     to 255 / 256) and random centres (lo = hi = centre: need = |centre - mu|)."""
     g = torch.Generator().manual_seed(7)
     lv = lynx_tables.sigma_levels()
     inf = torch.tensor(float("inf"))
+    top = lynx_tables.SIGMA_TOP
     need = torch.cat([lv, torch.nextafter(lv, inf), torch.nextafter(lv[1:], -inf),
-                      torch.tensor([1e-30, 2.0 ** -7, 0.75, 1.0, 2.0]),
+                      torch.sqrt(lv[1:-1] * lv[2:]),
+                      torch.tensor([1e-45, 1e-40, 1e-30, 2.0 ** -7, 0.75, 1.0, 2.0,
+                                    torch.finfo(torch.float32).max, float("inf")]),
+                      torch.exp2(-6 - torch.rand(500, generator=g) * 120),
+                      top + torch.rand(500, generator=g) * 2.0 ** -6,
                       torch.rand(2000, generator=g) * 0.6,
                       torch.exp2(torch.rand(2000, generator=g) * -12)])
     ties = (torch.arange(256, dtype=torch.float32) + 0.5) / 256
@@ -445,17 +452,16 @@ def _grid_stats_kernel(c_ptr, lo_ptr, hi_ptr, mu_ptr, sigma_ptr, slev_ptr):
     mean's csum / count with count 1: the centre itself)."""
     i = tl.program_id(0) * 1024 + tl.arange(0, 1024)
     c = tl.load(c_ptr + i)
-    l63, l127, l191, l255 = _grid_levels(slev_ptr)
     mu, sigma = _stats(tl.load(lo_ptr + i), tl.load(hi_ptr + i), c,
-                       tl.full(c.shape, 1.0, tl.float32), False, True, slev_ptr, l63, l127, l191,
-                       l255)
+                       tl.full(c.shape, 1.0, tl.float32), False, True, slev_ptr)
     tl.store(mu_ptr + i, mu)
     tl.store(sigma_ptr + i, sigma)
 
 
 def test_scalar_grid_stats_equal_the_reference():
-    """The kernel's byte-grid scalars (``_stats``: mu's rounding, ``_sigma_on_grid``'s search)
-    equal lynx_tables' for centres and needs at and around every tie and level."""
+    """The kernel's byte-grid scalars (``_stats``: mu's rounding, ``_sigma_on_grid``'s log2
+    estimate and its correction) equal lynx_tables' for centres and needs at, around and
+    between every tie and level."""
     centre, lo, hi = _centre_cases()
     mu = torch.empty(centre.shape, dtype=torch.float16, device=DEVICE)
     sigma = torch.empty_like(mu)
@@ -468,6 +474,16 @@ def test_scalar_grid_stats_equal_the_reference():
     assert torch.equal(mu.cpu(), want_mu.half())
     assert torch.equal(sigma.cpu(), want_sigma.half())
     assert len(set(want_sigma.tolist())) == 256  # every level reached
+
+
+def test_scalar_grid_sigma_estimate_margin():
+    """``_sigma_on_grid``'s premise: level j's position in log2, f = SIGMA_B + log2(level) *
+    SIGMA_PER_LOG2, is within 0.036 of j for j = 1 .. 254 (float16 rounding of the levels),
+    so round(f(need)) is idx - 1 or idx with a margin of 0.46 (lg2.approx: ~2^-22 relative);
+    the top level is clamped to."""
+    lv = lynx_tables.sigma_levels().double()
+    f = SIGMA_B.value + torch.log2(lv[1:255]) * SIGMA_PER_LOG2.value
+    assert (f - torch.arange(1, 255, dtype=torch.float64)).abs().max().item() < 0.036
 
 
 @pytest.mark.parametrize("grid", GRIDS)
