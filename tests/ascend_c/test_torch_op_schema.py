@@ -77,7 +77,7 @@ def test_schema_rejects_unsupported_requests_and_has_no_cpu_kernel(host_build):
         torch.ops.lynx_ascend.compress(y, y, thr, thr, thr, *byte)
     z = torch.empty(2, 10, 64, dtype=torch.float16, device="meta")
     with pytest.raises(RuntimeError, match="head_dim=64 must be a multiple of v_chunk_size=48"):
-        torch.ops.lynx_ascend.compress(z, z, thr, thr, None, *_compress_args(LynxCodec(v_chunk_size=48).config))
+        torch.ops.lynx_ascend.compress(z, z, thr, thr, None, *_compress_args(LynxCodec(v_chunk_size=48, scalar_grid="float16").config))
     bad = list(args)
     bad[4] = 8  # v_anchor_bits (LynxConfig refuses it itself)
     with pytest.raises(RuntimeError, match="v_anchor_bits=8 must be in"):
