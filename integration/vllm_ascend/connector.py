@@ -21,7 +21,8 @@ from .kv_cache_io import paged_kv_from_vllm
 from .messages import LynxConnectorMeta
 from .stats import LynxPromMetrics, LynxStats
 from .vllm_compat import (KVConnectorBase, KVConnectorRole, KVConnectorTransferResults,
-                          get_logger, layer_index, tensor_parallel, worker_connector_stats)
+                          get_logger, layer_index, reasoning_parser, tensor_parallel,
+                          worker_connector_stats)
 
 log = get_logger(__name__)
 
@@ -42,7 +43,8 @@ class LynxConnector(KVConnectorBase):
         self._load_blocks: dict[str, tuple[int, ...]] = {}  # worker side: blocks of each load
         self._layer_pos: dict[str, int] = {}
         if role == KVConnectorRole.SCHEDULER:
-            self.scheduler_half = ConnectorScheduler(self.config, self.world_size)
+            self.scheduler_half = ConnectorScheduler(self.config, self.world_size,
+                                                     reasoning_parser(vllm_config))
         else:
             self.rank, self.world_size = tensor_parallel(vllm_config)
             if self.config.role == "producer":

@@ -18,7 +18,7 @@ from .config import LynxConnectorConfig, TransferParams
 from .decode_state import LynxDecodeRequest, new_decode_request
 from .messages import LoadJob, LynxConnectorMeta, LynxWorkerMeta, SaveJob
 from .stats import LynxStats
-from .vllm_compat import RequestBlocks, failed_recving, get_logger
+from .vllm_compat import RequestBlocks, failed_recving, get_logger, grammar_draft_refusal
 
 log = get_logger(__name__)
 
@@ -42,8 +42,9 @@ def _is_structured(request) -> bool:
 
 
 class ConnectorScheduler:
-    def __init__(self, config: LynxConnectorConfig, world_size: int):
+    def __init__(self, config: LynxConnectorConfig, world_size: int, reasoning_parser: str = ""):
         self.config, self.world_size = config, world_size
+        self.reasoning_parser = reasoning_parser  # the server's ("" if none): no grammar drafts
         self.blocks = RequestBlocks()  # block ids of each request (producer)
         # producer
         self._to_save: dict[str, tuple[object, TransferParams]] = {}
@@ -78,11 +79,14 @@ class ConnectorScheduler:
             cap = self.config.max_drafts
             if params.max_drafts is not None:
                 cap = min(cap, params.max_drafts)
-            if _is_structured(request):
-                # vLLM advances a request's grammar only by the tokens its client gets, so the
-                # drafts' masks would all be the first token's, and verifying the drafts killed
-                # the engine (0.23: an assertion; 0.32: an IndexError in the grammar bitmask):
-                # the request starts on the full-precision KV instead, without drafts.
+            refusal = (grammar_draft_refusal(request, self.reasoning_parser)
+                       if _is_structured(request) else None)
+            if refusal is not None and cap > 0:
+                # The Lynx scheduler drafts under a grammar by advancing it itself and rolling
+                # it back before verification (vllm_compat); where that cannot be done, the
+                # request starts on the full-precision KV instead, without drafts.
+                log.info("Lynx: request %s decodes without drafts: %s", request.request_id,
+                         refusal)
                 cap = 0
             self.decode[request.request_id] = new_decode_request(
                 request.request_id, params.transfer_id, key, self.world_size, cap)

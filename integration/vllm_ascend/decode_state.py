@@ -28,6 +28,8 @@ class LynxDecodeRequest:
     refine: RefineReport | None = None
     lost: str | None = None           # the residual will not come: recompute locally
     stop_parked: bool = False         # a draft met a stop condition: wait for the residual
+    grammar_steps: int = 0            # drafts the request's grammar advanced by (structured
+    #                                   output): rolled back before verification
     draft_times: list[float] = field(default_factory=list)   # monotonic time of each draft
     verified_at: float | None = None
     # Generation time of every token the client got: an accepted draft counts from when it was

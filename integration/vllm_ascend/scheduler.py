@@ -6,11 +6,13 @@ Per Lynx request (DESIGN §6, §8; draft bookkeeping: lynx_npu.speculative.Draft
 * anchor in the cache -> DRAFTING: every sampled token is appended to the request as usual (so
   the model runner stays in step) but withheld from the client; a draft that meets a stop
   condition is undone and the request parks; at ``max_drafts`` it parks
-  (``next_decode_eligible_step``) until the residual is in.
+  (``next_decode_eligible_step``) until the residual is in. Under a grammar (structured output)
+  each draft also advances the request's grammar, so the next draft is sampled under its mask.
 * residual in the cache -> VERIFY: at the top of ``schedule()`` the drafts move from the output
-  into ``spec_token_ids`` and the request rewinds to its last prompt token, so the next step runs
-  [last prompt token, d_1..d_t] on the refined cache; vLLM's rejection sampler keeps the longest
-  prefix the target agrees with plus one corrected (or bonus) token, and rolls the rest back.
+  into ``spec_token_ids`` and the request rewinds to its last prompt token (and its grammar to
+  before the drafts), so the next step runs [last prompt token, d_1..d_t] on the refined cache;
+  vLLM's rejection sampler keeps the longest prefix the target agrees with (under the grammar's
+  mask at each position) plus one corrected (or bonus) token, and rolls the rest back.
 * residual lost, or preempted while drafting -> RECOMPUTE: drafts dropped, blocks freed, the
   prompt recomputed locally (exact, slow, never a hang).
 
@@ -26,7 +28,8 @@ from lynx_npu.speculative import Phase, Verdict
 
 from .connector import LynxConnector
 from .decode_state import LynxDecodeRequest
-from .vllm_compat import (Scheduler, check_stop, drop_output_tokens, get_logger,
+from .vllm_compat import (Scheduler, check_stop, drop_output_tokens, ensure_grammar_rows,
+                          get_logger, grammar_accept_draft, grammar_rollback,
                           hide_from_spec_metrics, is_running, park, set_verify, undo_stop,
                           unpark)
 
@@ -77,6 +80,7 @@ class LynxScheduler(Scheduler):
         if drafts != lr.drafts.drafts:
             raise RuntimeError(f"Lynx: request {request.request_id} holds output {drafts}, "
                                f"its draft state {lr.drafts.drafts}")
+        self._rewind_grammar(request, lr)
         lr.drafts.on_residual_ready()
         hide_from_spec_metrics(request)
         set_verify(request, drafts)
@@ -94,6 +98,7 @@ class LynxScheduler(Scheduler):
             return
         log.warning("Lynx: recomputing request %s locally (%s)", request.request_id, lr.lost)
         drop_output_tokens(request, self.hash_block_size)
+        self._rewind_grammar(request, lr)
         lr.drafts.on_residual_lost()
         self.lynx.stats.record_recompute()
         unpark(request)
@@ -101,7 +106,33 @@ class LynxScheduler(Scheduler):
         self._preempt_request(request, time.monotonic())
         self.lynx.release(request.request_id)
 
+    @staticmethod
+    def _rewind_grammar(request, lr: LynxDecodeRequest) -> None:
+        """The drafts left the output: so do they the request's grammar."""
+        grammar_rollback(request, lr.grammar_steps)
+        lr.grammar_steps = 0
+
+    def _draft_under_grammar(self, request, lr: LynxDecodeRequest, token: int) -> bool:
+        """Advance a structured-output request's grammar by a draft; False if the grammar
+        rejected it (never under its own mask): the request then recomputes, exact."""
+        if not request.use_structured_output:
+            return True
+        step = grammar_accept_draft(request, token)
+        if step is None:
+            lr.lost = lr.lost or f"its grammar rejected draft token {token}"
+            return False
+        lr.grammar_steps += step
+        return True
+
     # -- vLLM hooks ----------------------------------------------------------------------------
+    def get_grammar_bitmask(self, scheduler_output):
+        if scheduler_output.has_structured_output_requests:
+            spec = scheduler_output.scheduled_spec_decode_tokens
+            ensure_grammar_rows(self.structured_output_manager, sum(
+                1 + len(spec.get(rid, ())) for rid in scheduler_output.num_scheduled_tokens
+                if (r := self.requests.get(rid)) is not None and r.use_structured_output))
+        return super().get_grammar_bitmask(scheduler_output)
+
     def _update_request_with_output(self, request, new_token_ids, is_stale=False):
         lr = self.lynx.decode.get(request.request_id)
         if lr is None:
@@ -113,6 +144,9 @@ class LynxScheduler(Scheduler):
                 request.append_output_token_ids(token)
                 lr.drafts.add_draft(token)
                 lr.draft_times.append(now)
+                if not self._draft_under_grammar(request, lr, token):
+                    park(request, self.current_step)  # recomputed at the next schedule()
+                    break
                 if check_stop(request, self.max_model_len):
                     undo_stop(request)  # re-checked on the verified tokens
                     lr.stop_parked = True
@@ -160,6 +194,7 @@ class LynxScheduler(Scheduler):
             log.info("Lynx: request %s preempted while drafting: drafts dropped",
                      request.request_id)
             drop_output_tokens(request, self.hash_block_size)
+            self._rewind_grammar(request, lr)
             lr.drafts.on_residual_lost()
             lr.lost = lr.lost or "preempted while drafting"
             self.lynx.stats.record_recompute()

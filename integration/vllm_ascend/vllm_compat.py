@@ -57,8 +57,11 @@ The same in both (checked by reading both releases' sources): the request fields
 ``next_decode_eligible_step`` and ``current_step``, ``make_spec_decoding_stats(...,
 request_id)``, ``update_draft_token_ids``, ``KVConnectorWorkerMetadata`` /
 ``build_connector_worker_meta``, the KV-connector stats and Prometheus classes, the
-``custom_class`` proposer interface, and the CPU attention backend's cache shape, cache op and
-``_get_attn_isa`` (the layout inside is probed anyway, kv_cache_io.py).
+``custom_class`` proposer interface, the structured-output manager's batch bitmask
+(``_grammar_bitmask``, ``backend.allocate_token_bitmask``, ``Scheduler.get_grammar_bitmask``)
+and its grammars' ``accept_tokens`` / ``rollback`` / ``is_terminated``, and the CPU attention
+backend's cache shape, cache op and ``_get_attn_isa`` (the layout inside is probed anyway,
+kv_cache_io.py).
 """
 from __future__ import annotations
 
@@ -359,6 +362,58 @@ def hide_from_spec_metrics(request: Request) -> None:
 
 def is_running(request: Request) -> bool:
     return request.status == RequestStatus.RUNNING
+
+
+# -- drafts under a grammar (structured output; the same in both releases) ------------------
+# vLLM advances a request's grammar only by the tokens its client gets, so the Lynx scheduler
+# advances it by each draft itself and rolls the drafts back before verification, where vLLM's
+# speculative path masks every draft position from the grammar as it does for any drafter.
+# That takes rollback over all the drafts: xgrammar (>= 0.2: unlimited) and llguidance allow
+# it; outlines and lm-format-enforcer keep num_speculative_tokens (1) of history.
+GRAMMAR_DRAFT_BACKENDS = ("xgrammar", "guidance")
+
+
+def reasoning_parser(vllm_config) -> str:
+    """The server's reasoning parser ("" without one): a grammar then starts only where the
+    reasoning ends, a state the drafts could cross and a rollback does not undo."""
+    config = getattr(vllm_config, "structured_outputs_config", None)
+    return getattr(config, "reasoning_parser", None) or ""
+
+
+def grammar_draft_refusal(request: Request, reasoning: str) -> str | None:
+    """Why a structured-output request may not draft on this server; None if it may."""
+    if reasoning:
+        return f"the server has a reasoning parser ({reasoning!r})"
+    backend = getattr(request.sampling_params.structured_outputs, "_backend", None)
+    if backend not in GRAMMAR_DRAFT_BACKENDS:
+        return (f"its grammar backend {backend!r} keeps one token of history (drafts need "
+                f"{' or '.join(GRAMMAR_DRAFT_BACKENDS)})")
+    return None
+
+
+def grammar_accept_draft(request: Request, token: int) -> int | None:
+    """Advance the request's grammar by one draft: 1 if it moved (a step to roll back), 0 if it
+    had terminated (vLLM ignores tokens after that too), None if it rejected the token."""
+    grammar = request.structured_output_request.grammar
+    if grammar.is_terminated():
+        return 0
+    return 1 if grammar.accept_tokens(request.request_id, [token]) else None
+
+
+def grammar_rollback(request: Request, steps: int) -> None:
+    if steps > 0:
+        request.structured_output_request.grammar.rollback(steps)
+
+
+def ensure_grammar_rows(manager, rows: int) -> None:
+    """vLLM sizes its batch bitmask for ``num_speculative_tokens`` (1) drafts per request
+    (``StructuredOutputManager.grammar_bitmask``); a Lynx verification checks up to
+    ``max_drafts``: grow the buffer to ``rows`` before the bitmask is filled."""
+    current = manager._grammar_bitmask
+    if manager.backend is None or (current is not None and current.shape[0] >= rows):
+        return
+    floor = manager.vllm_config.scheduler_config.max_num_seqs * 2  # what vLLM would allocate
+    manager._grammar_bitmask = manager.backend.allocate_token_bitmask(max(rows, floor))
 
 
 # -- difference: cpu_recovered_tokens_shim (worker side) --------------------------------------

@@ -219,18 +219,21 @@ class LocalPair:
     def run(self, prompt: list[int], codec: str, *, max_tokens: int = 64,
             ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
             drop_residual: bool = False, max_drafts: int | None = None,
-            temperature: float = 0.0, seed: int | None = None) -> TransferRun:
+            temperature: float = 0.0, seed: int | None = None,
+            json_schema: dict | None = None) -> TransferRun:
         """Prefill ``prompt`` on the prefill instance, move its KV with ``codec`` and decode it
-        on the decode instance (greedily unless ``temperature`` > 0)."""
+        on the decode instance (greedily unless ``temperature`` > 0; under ``json_schema``'s
+        grammar if given)."""
         return self.run_many([prompt], codec, max_tokens=max_tokens, ignore_eos=ignore_eos,
                              stop_token_ids=stop_token_ids, drop_residual=drop_residual,
-                             max_drafts=max_drafts, temperature=temperature, seeds=[seed])[0]
+                             max_drafts=max_drafts, temperature=temperature, seeds=[seed],
+                             json_schema=json_schema)[0]
 
     def run_many(self, prompts: list[list[int]], codec: str, *, max_tokens: int = 64,
                  ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
                  drop_residual: bool = False, max_drafts: int | None = None,
-                 temperature: float = 0.0,
-                 seeds: list[int | None] | None = None) -> list[TransferRun]:
+                 temperature: float = 0.0, seeds: list[int | None] | None = None,
+                 json_schema: dict | None = None) -> list[TransferRun]:
         """:meth:`run` for several transfers at once: every request is submitted to both
         instances before the first step, so they share the link (each in its own transfer)
         and the decode instance's batches; request i samples with ``seeds[i]``."""
@@ -247,24 +250,28 @@ class LocalPair:
             if drop_residual:
                 prefill_params["drop_residual"] = True
             jobs.append((prompt, seed, decode_params, prefill_params))
-        return self._run(codec, jobs, max_tokens, ignore_eos, stop_token_ids, temperature)
+        return self._run(codec, jobs, max_tokens, ignore_eos, stop_token_ids, temperature,
+                         json_schema)
 
     def run_local(self, prompt: list[int], *, max_tokens: int = 64, ignore_eos: bool = True,
-                  stop_token_ids: list[int] | None = None) -> TransferRun:
+                  stop_token_ids: list[int] | None = None,
+                  json_schema: dict | None = None) -> TransferRun:
         """Decode ``prompt`` on the decode instance alone (local prefill, no transfer)."""
         return self._run("local", [(prompt, None, None, None)], max_tokens, ignore_eos,
-                         stop_token_ids, 0.0)[0]
+                         stop_token_ids, 0.0, json_schema)[0]
 
     def _run(self, codec, jobs, max_tokens, ignore_eos, stop_token_ids,
-             temperature) -> list[TransferRun]:
+             temperature, json_schema=None) -> list[TransferRun]:
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-        def params(n, lynx, temp=0.0, seed=None):
+        def params(n, lynx, temp=0.0, seed=None, grammar=None):
             extra = {"kv_transfer_params": {"lynx": lynx}} if lynx else None
+            structured = StructuredOutputsParams(json=grammar) if grammar else None
             return SamplingParams(temperature=temp, seed=seed, max_tokens=n,
                                   ignore_eos=ignore_eos, stop_token_ids=stop_token_ids,
-                                  output_kind=RequestOutputKind.DELTA, extra_args=extra)
+                                  output_kind=RequestOutputKind.DELTA, extra_args=extra,
+                                  structured_outputs=structured)
 
         dec, pre = self.decode.llm_engine, self.prefill.llm_engine
         runs = {}
@@ -275,7 +282,7 @@ class LocalPair:
                                                  link_gbps=self.link_gbps)
             runs[f"p-{rid}"] = run
             dec.add_request(f"d-{rid}", {"prompt_token_ids": list(prompt)},
-                            params(max_tokens, decode_params, temperature, seed))
+                            params(max_tokens, decode_params, temperature, seed, json_schema))
             if prefill_params is not None:
                 pre.add_request(f"p-{rid}", {"prompt_token_ids": list(prompt)},
                                 params(1, prefill_params))

@@ -240,3 +240,91 @@ def test_cpu_expand_fix_computes_the_triton_kernel(case):
                         str(case)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"{EXPAND_CASES[case]}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
     assert r.stdout.strip().endswith(f"case {case}: ok"), r.stdout[-2000:]
+
+
+# -- drafts under a grammar (both releases; vLLM's own structured-output manager) --------------
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.fixture(scope="module")
+def grammars():
+    """A real StructuredOutputManager on the bundled model's tokenizer, sized as vLLM sizes it
+    for two requests a step, and a factory of compiled JSON-schema requests."""
+    import time
+
+    from vllm import SamplingParams
+    from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from lynx_npu.integration.vllm_ascend.tools.model_prep import (ModelNotAvailableError,
+                                                                   ensure_model_dir)
+    try:
+        model = str(ensure_model_dir())
+    except ModelNotAvailableError as e:
+        pytest.skip(str(e))
+    sched = dict(max_num_seqs=2, max_model_len=2048)
+    if "is_encoder_decoder" in inspect.signature(SchedulerConfig).parameters:
+        sched["is_encoder_decoder"] = False
+    manager = StructuredOutputManager(VllmConfig(
+        model_config=ModelConfig(model=model, dtype="float32"),
+        scheduler_config=SchedulerConfig(**sched)))
+
+    def request(rid, backend="xgrammar"):
+        params = SamplingParams(max_tokens=8,
+                                structured_outputs=StructuredOutputsParams(json=SCHEMA))
+        params.structured_outputs._backend = backend  # what vLLM's input processor resolves
+        req = compat.Request(rid, [1, 2, 3], params, None, 0)
+        manager.grammar_init(req)
+        deadline = time.monotonic() + 60
+        while (g := req.structured_output_request.grammar) is None or hasattr(g, "result"):
+            assert time.monotonic() < deadline, "the grammar did not compile in 60 s"
+            time.sleep(0.02)
+        return req
+
+    drafts = manager.tokenizer.encode('{"a": 12345}', add_special_tokens=False)
+    return manager, request, drafts
+
+
+def test_grammar_drafts_roll_back_and_verify_with_the_masks_of_one_token_steps(grammars):
+    manager, request, drafts = grammars
+    assert len(drafts) + 1 > 2 * 2  # more rows than vLLM sizes for max_num_seqs=2
+    alone = request("alone")
+    with pytest.raises(RuntimeError, match="out of bounds"):  # what ensure_grammar_rows is for
+        manager.grammar_bitmask({"alone": alone}, ["alone"], {"alone": drafts})
+    req = request("r")
+    # drafting: each draft advances the grammar, so the next is sampled under the right mask
+    want = []
+    for token in drafts:
+        want.append(manager.grammar_bitmask({"r": req}, ["r"], {})[0].copy())
+        assert compat.grammar_accept_draft(req, token) == 1
+    want.append(manager.grammar_bitmask({"r": req}, ["r"], {})[0].copy())
+    assert len({m.tobytes() for m in want}) > 2  # the masks really change along the drafts
+    # verification: rolled back, then vLLM masks every draft position itself
+    compat.grammar_rollback(req, len(drafts))
+    compat.ensure_grammar_rows(manager, 1 + len(drafts))
+    got = manager.grammar_bitmask({"r": req}, ["r"], {"r": drafts})
+    assert got.shape[0] == len(drafts) + 1
+    for i, mask in enumerate(want):
+        assert (got[i] == mask).all(), f"position {i}"
+    # and the grammar is back where the drafts started (vLLM rolls its own advance back)
+    assert (manager.grammar_bitmask({"r": req}, ["r"], {})[0] == want[0]).all()
+
+
+def test_grammar_rejects_a_token_outside_its_mask(grammars):
+    manager, request, drafts = grammars
+    req = request("bad")
+    closing = manager.tokenizer.encode("}", add_special_tokens=False)
+    assert compat.grammar_accept_draft(req, closing[0]) is None  # "}" cannot open an object
+
+
+def test_grammar_drafts_need_unbounded_rollback_and_no_reasoning_parser(grammars):
+    _, request, _ = grammars
+    req = request("x")
+    assert compat.grammar_draft_refusal(req, "") is None
+    assert "reasoning parser ('deepseek_r1')" in compat.grammar_draft_refusal(req, "deepseek_r1")
+    for backend in ("outlines", "lm-format-enforcer"):
+        req.sampling_params.structured_outputs._backend = backend
+        assert f"backend {backend!r}" in compat.grammar_draft_refusal(req, "")
+    req.sampling_params.structured_outputs._backend = "guidance"
+    assert compat.grammar_draft_refusal(req, "") is None

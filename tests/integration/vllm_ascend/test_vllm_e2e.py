@@ -111,6 +111,33 @@ def test_lost_residual_recomputes_locally(pair, prompts):
     assert run.tokens == local.tokens  # exact: the prompt was recomputed on this instance
 
 
+# a short JSON object: the grammar's end is within the tokens decoded
+MEETING = {"type": "object", "properties": {"topic": {"type": "string", "maxLength": 40},
+                                            "speakers": {"type": "integer"}},
+           "required": ["topic", "speakers"]}
+
+
+def test_structured_output_drafts_under_its_grammar(pair, prompts):
+    # each draft advances the grammar (the next is sampled under its mask); verification rolls
+    # them back and vLLM masks each draft position from the grammar
+    want = pair.run(prompts[0], "lynx-int8", max_tokens=MAX_TOKENS, json_schema=MEETING)
+    run = pair.run(prompts[0], "lynx", max_tokens=MAX_TOKENS, json_schema=MEETING)
+    assert run.stats["stage"] == "anchor" and run.stats["drafts_proposed"] > 0, run.stats
+    assert run.stats["verifications"] == 1
+    assert run.tokens == want.tokens
+    assert pair.tokenizer.decode(run.tokens).lstrip().startswith("{")
+
+
+def test_lost_residual_under_a_grammar_recomputes_from_its_start(pair, prompts):
+    # the drafts leave the grammar with the output: the recomputed request is masked from the
+    # grammar's first state, as a local one
+    local = pair.run_local(prompts[1], max_tokens=16, json_schema=MEETING)
+    run = pair.run(prompts[1], "lynx", max_tokens=16, drop_residual=True, json_schema=MEETING)
+    assert run.stats["residual_lost"] and run.stats["phase"] == "recompute", run.stats
+    assert run.stats["draft_times"], run.stats  # drafts were made, then dropped
+    assert run.tokens == local.tokens
+
+
 def _samples(pair, prompt: list[int], n: int, prefill_n: int, tid: int):
     """Drive both engines with one request of ``n`` samples on the decode instance (vLLM makes
     one engine request per sample, each with the request's kv_transfer_params) and ``prefill_n``

@@ -8,6 +8,7 @@ Each Lynx answer must equal the full-cache reference (the same prompt sent with 
 requests must have drafted and verified, and the decode server must still be healthy afterwards
 with Lynx's counters on its /metrics.
 """
+import json
 import re
 
 import pytest
@@ -190,20 +191,33 @@ def test_prompt_logprobs_are_computed_on_the_decode_server(servers, prompts):
     servers.check_alive("decode")
 
 
-def test_structured_output_starts_on_the_full_stage_and_equals_the_reference(servers, prompts):
-    # vLLM advances a grammar only by the tokens the client gets: drafts made under it got
-    # the first token's mask, and verifying them killed the decode engine (both releases).
-    # Such a request transfers as usual but starts once the full-precision KV is in.
-    schema = {"type": "object", "properties": {"topic": {"type": "string"},
+def test_structured_output_drafts_under_its_grammar_and_equals_the_reference(servers, prompts):
+    # vLLM advances a grammar only by the tokens the client gets; the Lynx scheduler advances
+    # it by each draft and rolls the drafts back before verification, whose positions vLLM
+    # then masks from the grammar. Before that, drafts got the first token's mask and
+    # verifying them killed the decode engine (both releases), so such requests waited for
+    # the full-precision KV.
+    schema = {"type": "object", "properties": {"topic": {"type": "string", "maxLength": 40},
                                                "speakers": {"type": "integer"}},
               "required": ["topic", "speakers"]}
     fmt = {"response_format": {"type": "json_schema",
                                "json_schema": {"name": "meeting", "schema": schema}}}
+    # ignore_eos: the grammar's end, then only its stop token, to the last of 32 tokens
     lynx = servers.chat(dict(_body(servers, prompts[0]), **fmt))
     ref = servers.chat(dict(_body(servers, prompts[0], codec="lynx-int8"), **fmt))
     stats = lynx["kv_transfer_params"]["lynx"]
-    assert stats["stage"] == "full" and stats["drafts_proposed"] == 0, stats
+    assert stats["stage"] == "anchor" and stats["drafts_proposed"] > 0, stats
+    assert stats["verifications"] == 1, stats
     text = lynx["choices"][0]["message"]["content"]
     assert text == ref["choices"][0]["message"]["content"]
     assert text.lstrip().startswith("{")   # the grammar held
+    # a draft that ends the request (the grammar's stop token) parks it until verification
+    body = dict(_body(servers, prompts[1]), ignore_eos=False, max_tokens=64, **fmt)
+    lynx = servers.chat(body)
+    ref = servers.chat(dict(body, kv_transfer_params={"lynx": {"codec": "lynx-int8"}}))
+    assert lynx["kv_transfer_params"]["lynx"]["drafts_proposed"] > 0
+    text = lynx["choices"][0]["message"]["content"]
+    assert text == ref["choices"][0]["message"]["content"]
+    assert lynx["choices"][0]["finish_reason"] == "stop", lynx["choices"][0]
+    assert set(json.loads(text)) == {"topic", "speakers"}
     servers.check_alive("decode")
