@@ -39,13 +39,20 @@ class OpenAIPair:
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         self.logs = {}
         self.procs: dict[str, subprocess.Popen] = {}
+        vllm_ports = free_port(count=48)
+        while any(vllm_ports <= port < vllm_ports + 48 for port in ports):
+            vllm_ports = free_port(count=48)
         try:
-            for role, argv in commands(self.deployment).items():
+            for i, (role, argv) in enumerate(commands(self.deployment).items()):
                 argv = [sys.executable if w == "python" else w for w in argv]
                 self.logs[role] = log_dir / f"{role}.log"
+                # Each server's own ports (torch.distributed's store) from a base of its own
+                # below the ephemeral range: drawn by bind(0), as vLLM draws them, a store's
+                # port was taken before it listened once (EADDRINUSE, 0.23, 2026-11-29).
+                role_env = dict(env, VLLM_PORT=str(vllm_ports + 16 * i))
                 self.procs[role] = subprocess.Popen(
-                    argv, env=env, stdout=self.logs[role].open("wb"), stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True)
+                    argv, env=role_env, stdout=self.logs[role].open("wb"),
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             deadline = time.monotonic() + start_timeout_s
             for role in ("decode", "prefill", "proxy"):
                 self._wait_healthy(role, deadline)
