@@ -246,10 +246,11 @@ def test_cpu_expand_fix_computes_the_triton_kernel(case):
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 
-@pytest.fixture(scope="module")
-def grammars():
-    """A real StructuredOutputManager on the bundled model's tokenizer, sized as vLLM sizes it
-    for two requests a step, and a factory of compiled JSON-schema requests."""
+@pytest.fixture(scope="module", params=compat.GRAMMAR_DRAFT_BACKENDS)
+def grammars(request):
+    """A real StructuredOutputManager (of each backend drafts may use) on the bundled model's
+    tokenizer, sized as vLLM sizes it for two requests a step, and a factory of compiled
+    JSON-schema requests."""
     import time
 
     from vllm import SamplingParams
@@ -270,7 +271,7 @@ def grammars():
         model_config=ModelConfig(model=model, dtype="float32"),
         scheduler_config=SchedulerConfig(**sched)))
 
-    def request(rid, backend="xgrammar"):
+    def make(rid, backend=request.param):
         params = SamplingParams(max_tokens=8,
                                 structured_outputs=StructuredOutputsParams(json=SCHEMA))
         params.structured_outputs._backend = backend  # what vLLM's input processor resolves
@@ -283,14 +284,15 @@ def grammars():
         return req
 
     drafts = manager.tokenizer.encode('{"a": 12345}', add_special_tokens=False)
-    return manager, request, drafts
+    return manager, make, drafts
 
 
 def test_grammar_drafts_roll_back_and_verify_with_the_masks_of_one_token_steps(grammars):
     manager, request, drafts = grammars
     assert len(drafts) + 1 > 2 * 2  # more rows than vLLM sizes for max_num_seqs=2
     alone = request("alone")
-    with pytest.raises(RuntimeError, match="out of bounds"):  # what ensure_grammar_rows is for
+    # what ensure_grammar_rows is for (xgrammar: RuntimeError, guidance: IndexError)
+    with pytest.raises((RuntimeError, IndexError), match="out of bounds"):
         manager.grammar_bitmask({"alone": alone}, ["alone"], {"alone": drafts})
     req = request("r")
     # drafting: each draft advances the grammar, so the next is sampled under the right mask
