@@ -28,6 +28,7 @@ import torch
 
 import lynx_npu
 from lynx_npu.codec import lynx_ref
+from lynx_npu.codec.base import to_kv_dtype
 from lynx_npu.eval.kv_source import add_capture_arguments, capture_from_args
 from lynx_npu.eval.metrics import attention_vnmse
 
@@ -104,7 +105,6 @@ def dequantize(anchor, residual, gamma, stats, cfg, which, dtype):
                              tp if axis == "channel" else d)
     g = gamma.float().view(n, 2, h, 1, d)
     ends = xn * (g[:, 1] - g[:, 0]) + g[:, 0]
-    from lynx_npu.codec.base import to_kv_dtype
     return to_kv_dtype(torch.where(end, ends, out), dtype)
 
 
