@@ -14,11 +14,13 @@ All arithmetic is float32 in this order:
                   (lynx_tables.sigma_index)  or  f16(max |xc|) (scalar_grid="float16")
           xf = xc * (1 / sigma)   (0 where sigma == 0)
           I = #{j : thresholds[j] <= |xf|}          (lynx_tables.py; round-half-up of Eq. 3)
-          m = (I + bias) >> r;  res = (m << r) - I   (round-half-down split, Alg. 1 l.14-17)
+          m = (I + bias) >> r;  d = (m << r) - I     (round-half-down split, Alg. 1 l.14-17)
+          res = d in a middle cell; 2 d + 1 - (|xf| >= split[I]) in the end cells m = 0 and
+                m = y_max >> r (lynx_tables "the end cells"), as an r-bit two's complement field
           anchor = m if xf >= 0 else -m - 1           (sign of the *centred* value, l.18)
-  decode  I' = m << r (anchor stage) or (m << r) - res (full stage)
-          x' = ((+-levels[I']) * sigma + mu) * scale + gmin,  saturated to the KV dtype's
-                                                   finite range, then cast (base.to_kv_dtype)
+  decode  x' = ((+-magnitudes[(m << r) | f]) * sigma + mu) * scale + gmin,  f = 0 (anchor
+          stage) or res mod 2^r (full stage),  saturated to the KV dtype's finite range, then
+          cast (base.to_kv_dtype)
 
 The two normalisations multiply by a reciprocal computed once per channel / chunk (each
 rounded: RN(RN(x - gmin) * RN(1 / scale))), not divide per value: IEEE multiplication is one
@@ -132,9 +134,15 @@ def quantize(x: torch.Tensor, cfg: LynxConfig, which: str):
 
     r = cfg.residual_bits(which)
     thr = lynx_tables.thresholds(cfg.alpha(which), cfg.y_max(which), device=x.device)
-    i = torch.searchsorted(thr, xfin.abs().contiguous(), right=True).to(torch.int64)
+    a = xfin.abs().contiguous()
+    i = torch.searchsorted(thr, a, right=True).to(torch.int64)
     m = (i + cfg.bias(which)) >> r
-    residual = (m << r) - i
+    d = (m << r) - i
+    split = lynx_tables.split_thresholds(cfg.alpha(which), cfg.y_max(which), r, device=x.device)
+    h = (a >= split[i]).to(torch.int64)
+    end = (m == 0) | (m == cfg.y_max(which) >> r)
+    field = torch.where(end, 2 * d + 1 - h, d) & ((1 << r) - 1)
+    residual = field - ((field >> (r - 1)) << r)  # the r-bit field, signed
     anchor = torch.where(xfin < 0, -m - 1, m)
 
     gamma = torch.stack([gmin.reshape(n, -1), gmax.reshape(n, -1)], dim=1).to(x.dtype)
@@ -150,11 +158,11 @@ def dequantize(anchor: torch.Tensor, residual: torch.Tensor | None, gamma: torch
     r = cfg.residual_bits(which)
     neg = anchor < 0
     m = torch.where(neg, -anchor - 1, anchor)
-    i = m << r
+    idx = m << r
     if residual is not None:
-        i = i - residual
-    lv = lynx_tables.levels(cfg.alpha(which), cfg.y_max(which), device=anchor.device)
-    mag = lv[i.clamp(0, cfg.y_max(which))]
+        idx = idx | (residual & ((1 << r) - 1))
+    mags = lynx_tables.magnitudes(cfg.alpha(which), cfg.y_max(which), r, device=anchor.device)
+    mag = mags[idx]
     xfin = torch.where(neg, -mag, mag)
 
     a_len = tp if axis == "channel" else d

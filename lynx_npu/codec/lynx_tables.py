@@ -31,8 +31,72 @@ def thresholds(alpha: float, y_max: int, device=None) -> torch.Tensor:
 
 
 def levels(alpha: float, y_max: int, device=None) -> torch.Tensor:
-    """float32 [y_max + 1]: reconstructed |x| of each code; levels[0] = 0, levels[y_max] = 1."""
+    """float32 [y_max + 1]: |x| at y = I for each code I; levels[0] = 0, levels[y_max] = 1. The
+    anchor stage decodes magnitude m at levels[m << r]."""
     return torch.tensor(_tables(float(alpha), y_max)[1], dtype=torch.float32, device=device)
+
+
+# -- the end cells (payload format 8) ------------------------------------------------------------
+#
+# The anchor keeps m = (I + bias) >> r, so a middle anchor cell m holds the 2^r codes
+# I = (m << r) - bias .. (m << r) + 2^(r-1) and the residual field d = (m << r) - I names one.
+# The two end cells hold fewer: m = 0 the 2^(r-1) + 1 codes 0 .. 2^(r-1), the top cell
+# m = top = 2^(a-1) - 1 the 2^(r-1) codes y_max - bias .. y_max, so 31 of the 256 (anchor,
+# residual) pairs of a 4 + 4 split meant nothing. The end cells spend them: each code interval
+# [I - 1/2, I + 1/2) of an end cell (in y) is split at y = I into two, decoded at I -+ 1/4, but
+# for two that stay whole, cell 0's [0, 1/2) (decoded 0, the anchor's level) and its
+# [2^(r-1) - 1/2, 2^(r-1) + 1/2) (across the cell's upper edge); the top cell's last half is the
+# point y = y_max (|x| = 1, the chunk extreme, the anchor's level). So 2^r levels per end cell,
+# the anchor m, the anchor stage and residual field 0 = the anchor's level all as before:
+#   h     = |x| >= split[I]             (split = levels but +inf at I = 2^(r-1) and middle cells)
+#   field = d                           in a middle cell
+#         = 2 d + 1 - h                 in an end cell (mod 2^r; 0 is the anchor's own level)
+# and the decoder reads the magnitude of (m << r) | field from one 2^(a-1+r) = 128-entry table.
+# Measured: docs/codec.md "The full stage's end cells".
+
+
+def _end_cells(y_max: int, r: int) -> tuple[int, int]:
+    """(the last code of cell 0, the first of the top cell)."""
+    half = 1 << (r - 1)
+    return half, y_max - (half - 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _end_tables(alpha: float, y_max: int, r: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    lv = _tables(alpha, y_max)[1]
+    lo_end, hi_start = _end_cells(y_max, r)
+    split = [lv[i] if i < lo_end or i >= hi_start else math.inf for i in range(y_max + 1)]
+    n, top = 1 << r, y_max >> r
+    mags = []
+    for m in range(top + 1):
+        for field in range(n):
+            if 0 < m < top:
+                y = float((m << r) - (field - n if field >= n // 2 else field))
+            elif m == 0:
+                k = -field % n                                 # -field = 2 I - 1 + h
+                i, h = (k + 1) >> 1, (k + 1) & 1
+                y = float(i) if i in (0, lo_end) else i + (0.25 if h else -0.25)
+            else:
+                i, h = y_max - (field >> 1), 1 - (field & 1)   # field = 2 (y_max - I) + 1 - h
+                y = float(i) if (i == y_max and h) else i + (0.25 if h else -0.25)
+            mags.append(1.0 if y == y_max else (0.0 if y == 0 else _inverse(y, alpha, y_max)))
+    return tuple(split), tuple(mags)
+
+
+def split_thresholds(alpha: float, y_max: int, residual_bits: int, device=None) -> torch.Tensor:
+    """float32 [y_max + 1]: an end cell's code I is split into h = (|x| >= split[I]): levels[I]
+    in the end cells (so split[0] = 0: h = 1), +inf where the code stays whole (I = 2^(r-1))
+    or is in a middle cell (h unused)."""
+    return torch.tensor(_end_tables(float(alpha), y_max, residual_bits)[0], dtype=torch.float32,
+                        device=device)
+
+
+def magnitudes(alpha: float, y_max: int, residual_bits: int, device=None) -> torch.Tensor:
+    """float32 [(top + 1) << r] (128 for every split of 8 bits): the decoded |x| of anchor
+    magnitude m with residual field f (unsigned, r bits) at (m << r) | f. Field 0 is the
+    anchor's level levels[m << r]; a middle cell's field f is code (m << r) - f (signed)."""
+    return torch.tensor(_end_tables(float(alpha), y_max, residual_bits)[1], dtype=torch.float32,
+                        device=device)
 
 
 # -- the byte grid of chunk scalars (LynxConfig.scalar_grid == "byte") -----------------------------

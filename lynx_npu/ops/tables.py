@@ -226,16 +226,15 @@ def _settle(a: torch.Tensor, u0: torch.Tensor, s: LogSearch, bias: int) -> torch
 @functools.lru_cache(maxsize=64)
 def signed_levels(alpha: float, y_max: int, anchor_bits: int) -> np.ndarray:
     """float32 [256]: entry (ua << r) | ur is the value lynx_ref.dequantize gives the signed
-    anchor / residual bit fields ua / ur (r = 8 - anchor_bits): +-levels[clamp((m << r) - res)]."""
+    anchor / residual bit fields ua / ur (r = 8 - anchor_bits): +-magnitudes[(m << r) | ur]."""
     r = 8 - anchor_bits
-    lv = lynx_tables.levels(alpha, y_max).numpy()
+    mags = lynx_tables.magnitudes(alpha, y_max, r).numpy()
     u = np.arange(256)
     ua, ur = u >> r, u & ((1 << r) - 1)
     a = ua - ((ua >> (anchor_bits - 1)) << anchor_bits)   # sign-extend
-    res = ur - ((ur >> (r - 1)) << r)
     neg = a < 0
     m = np.where(neg, -a - 1, a)
-    mag = lv[np.clip((m << r) - res, 0, y_max)]
+    mag = mags[(m << r) | ur]
     return np.where(neg, -mag, mag).astype(np.float32)
 
 
@@ -254,6 +253,13 @@ def _padded(a: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([a, np.zeros(n - len(a), dtype=a.dtype)])
 
 
+def _end_table(fn, alpha: float, y_max: int, r: int, fill: float) -> np.ndarray:
+    out = np.full(TABLE_LEN, fill, dtype=np.float32)
+    t = fn(alpha, y_max, r).numpy()
+    out[:len(t)] = t
+    return out
+
+
 _DEVICE_CACHE: dict = {}
 
 
@@ -268,6 +274,14 @@ def device_tables(cfg, device: torch.device) -> dict:
         hit = {
             "thresholds": torch.from_numpy(thr).to(device),
             "levels": torch.from_numpy(lv).to(device),
+            # the end cells (lynx_tables): split thresholds [2, TABLE_LEN] (+inf padded) and the
+            # magnitude of each (m << r) | residual field [2, TABLE_LEN]
+            "split": torch.from_numpy(np.stack([
+                _end_table(lynx_tables.split_thresholds, a, y, r, np.inf) for a, y, _, r in kv
+            ])).to(device),
+            "magnitudes": torch.from_numpy(np.stack([
+                _end_table(lynx_tables.magnitudes, a, y, r, 1.0) for a, y, _, r in kv
+            ])).to(device),
             "bucket": torch.from_numpy(bucket).to(device),
             "bucket_len": bucket.shape[1],
             "signed_levels": torch.from_numpy(np.stack([

@@ -63,7 +63,29 @@ def oracle_quantize(x: torch.Tensor, cfg, which: str):
         xf = xc * inv if torch.isfinite(inv) else torch.zeros_like(xc)
         i = (thr.unsqueeze(0) <= xf.abs().reshape(-1, 1)).sum(1).reshape(xf.shape)
         m = (i + cfg.bias(which)) >> r
-        residual[idx] = (m << r) - i
+        residual[idx] = _residuals(xf.abs().reshape(-1), i.reshape(-1), m.reshape(-1), lv, r,
+                                   cfg.y_max(which)).reshape(xf.shape)
         anchor[idx] = torch.where(xf < 0, -m - 1, m)
         spread[idx] = spread[idx] * sigma
     return anchor, residual, spread, lv
+
+
+def _residuals(a, i, m, lv, r, y_max):
+    """Per value: the residual field of code I with anchor magnitude m. A middle cell's is
+    (m << r) - I. An end cell has 2^r levels, the k-th counted upwards from its bottom: cell 0's
+    k = 0 (I = 0), 2 I - 1 + [|x| >= levels[I]] (0 < I < 2^(r-1)), 2^r - 1 (I = 2^(r-1)); the
+    top cell's k = 2 (I - first) + [|x| >= levels[I]]; the field is (anchor's k - k) mod 2^r,
+    the anchor's k being 0 in cell 0 and 2^r - 1 in the top cell."""
+    n, half, top = 1 << r, 1 << (r - 1), y_max >> r
+    out = []
+    for av, iv, mv in zip(a.tolist(), i.tolist(), m.tolist()):
+        if mv == 0:
+            k = 0 if iv == 0 else (n - 1 if iv == half else 2 * iv - 1 + int(av >= lv[iv]))
+            field = -k % n
+        elif mv == top:
+            k = 2 * (iv - (y_max - half + 1)) + int(av >= lv[iv])
+            field = (n - 1 - k) % n
+        else:
+            field = ((mv << r) - iv) % n
+        out.append(field - n if field >= half else field)
+    return torch.tensor(out, dtype=torch.int64)
