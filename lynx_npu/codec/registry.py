@@ -24,6 +24,9 @@ header has its own version (lynx_npu.wire.VERSION).
     format 7  lynx's ``scalar_grid``: on the "byte" grid (the default) the chunk scalars are
               one of 256 values each, the anchor carries them once as bytes, and neither the
               residual nor a window repeats them (lynx_tables.py, lynx_stream.py).
+    format 8  lynx's end cells: the anchor cells 0 and top decode 2^r levels each from their
+              residual field (2 d + 1 - h there; lynx_tables "the end cells"): same bytes and
+              parameters, other full-stage values.
 
 Bump PAYLOAD_FORMAT whenever any codec's bytes, parameters or defaults change meaning, and
 regenerate the golden payloads (tests/wire/make_golden.py).
@@ -39,7 +42,7 @@ CODEC_IDS: dict[str, int] = {
     "bf16": 1, "int8": 2, "int4": 3, "kivi4": 4, "quantspec": 5, "cachegen": 6,
     "lynx-int4": 7, "lynx-int8": 8, "lynx": 9,
 }
-PAYLOAD_FORMAT = 7
+PAYLOAD_FORMAT = 8
 FORMAT_KEY = "payload_format"
 
 _FACTORIES: dict[str, Callable[..., Codec]] = {}
