@@ -131,8 +131,10 @@ uint32_t LynxUbBytes(const LynxTiling& t, uint32_t bufferNum)
     const bool token = t.axis[0] == LYNX_AXIS_TOKEN || t.axis[1] == LYNX_AXIS_TOKEN;
     uint64_t q = 0, c = 0;  // queue buffers, calculation buffers
     const bool sigmaTable = t.mode == LYNX_MODE_COMPRESS && t.scalarGrid == LYNX_GRID_BYTE;
-    // threshold / level tables of K and V, then (compress, byte grid) the sigma levels
-    q += Align((2ull * LYNX_TABLE_SIZE + (sigmaTable ? LYNX_SIGMA_TABLE_SIZE : 0)) * 4);
+    // 128-entry tables: compress K's and V's thresholds and end-cell split thresholds, then (byte
+    // grid) the sigma levels; decompress K's and V's magnitudes
+    const uint64_t tables = t.mode == LYNX_MODE_COMPRESS ? LYNX_COMPRESS_TABLES : LYNX_DECOMPRESS_TABLES;
+    q += Align((tables * LYNX_TABLE_SIZE + (sigmaTable ? LYNX_SIGMA_TABLE_SIZE : 0)) * 4);
     if (t.numSink) q += bufferNum * Align((uint64_t)t.sinkRows * d * es);  // sink pass-through
     if (t.mode == LYNX_MODE_COMPRESS) {
         q += bufferNum * Align((uint64_t)t.maxBlockRows * d * es);   // KV rows in
@@ -158,7 +160,7 @@ uint32_t LynxUbBytes(const LynxTiling& t, uint32_t bufferNum)
         if (token) c += Align(stats * 8 * 4);                        // per-chunk broadcast blocks
         c += 2 * Align(t.dimPad * 4);                                // gmin, scale
         c += 4 * Align(sb * 4) + Align(sb * 4) + Align(sb * 2);      // temps, offsets, halves
-        c += Align(sb * 4) + 2 * Align(sb / 8);                      // group offsets, neg/res masks
+        c += Align(sb * 4) + 2 * Align(sb / 8);                      // group offsets, sign / odd-lane masks
         c += Align(LYNX_CODE_STREAMS * LYNX_UNPACK_PATTERNS * LYNX_ALIGN);  // bit-lane patterns
     }
     return (uint32_t)(q + c);

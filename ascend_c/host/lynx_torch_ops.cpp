@@ -65,7 +65,8 @@ void CheckStream(const at::Tensor& x, uint64_t bytes, const at::Device& device, 
 // ---- PrivateUse1 (NPU) ----------------------------------------------------------------------
 
 std::tuple<at::Tensor, at::Tensor> compress_npu(const at::Tensor& k, const at::Tensor& v, const at::Tensor& kThr,
-                                                const at::Tensor& vThr, const c10::optional<at::Tensor>& sigLevels,
+                                                const at::Tensor& vThr, const at::Tensor& kSplit,
+                                                const at::Tensor& vSplit, const c10::optional<at::Tensor>& sigLevels,
                                                 int64_t pageSize, int64_t chunkSize, int64_t vChunkSize,
                                                 int64_t anchorBits, int64_t vAnchorBits, int64_t kAxis, int64_t vAxis,
                                                 int64_t numSink, int64_t center, int64_t scalarGrid)
@@ -76,6 +77,8 @@ std::tuple<at::Tensor, at::Tensor> compress_npu(const at::Tensor& k, const at::T
     const bool bf16 = IsBf16(k.scalar_type());
     CheckTable(kThr, k.device(), "k_thresholds");
     CheckTable(vThr, k.device(), "v_thresholds");
+    CheckTable(kSplit, k.device(), "k_split");
+    CheckTable(vSplit, k.device(), "v_split");
     LynxTilingArgs a = Args(k.size(0), k.size(1), k.size(2), pageSize, chunkSize, vChunkSize, anchorBits, vAnchorBits,
                             kAxis, vAxis, numSink, LYNX_MODE_COMPRESS);
     a.center = Center(center);
@@ -101,12 +104,12 @@ std::tuple<at::Tensor, at::Tensor> compress_npu(const at::Tensor& k, const at::T
         void* s = sig.defined() ? sig.data_ptr() : nullptr;
         if (bf16)
             ACLRT_LAUNCH_KERNEL(lynx_compress_bf16)(blockDim, stream, kc.data_ptr(), vc.data_ptr(), kThr.data_ptr(),
-                                                    vThr.data_ptr(), s, anchor.data_ptr(), residual.data_ptr(),
-                                                    tiling.data_ptr());
+                                                    vThr.data_ptr(), kSplit.data_ptr(), vSplit.data_ptr(), s,
+                                                    anchor.data_ptr(), residual.data_ptr(), tiling.data_ptr());
         else
             ACLRT_LAUNCH_KERNEL(lynx_compress_fp16)(blockDim, stream, kc.data_ptr(), vc.data_ptr(), kThr.data_ptr(),
-                                                    vThr.data_ptr(), s, anchor.data_ptr(), residual.data_ptr(),
-                                                    tiling.data_ptr());
+                                                    vThr.data_ptr(), kSplit.data_ptr(), vSplit.data_ptr(), s,
+                                                    anchor.data_ptr(), residual.data_ptr(), tiling.data_ptr());
         return 0;
     });
     cmd.Run();
@@ -116,7 +119,7 @@ std::tuple<at::Tensor, at::Tensor> compress_npu(const at::Tensor& k, const at::T
 namespace {
 
 void LaunchDecompress(bool bf16, const LynxTiling& t, const at::Tensor& anchor, const c10::optional<at::Tensor>& residual,
-                      const at::Tensor& kLv, const at::Tensor& vLv, const at::Tensor& kOut, const at::Tensor& vOut,
+                      const at::Tensor& kMag, const at::Tensor& vMag, const at::Tensor& kOut, const at::Tensor& vOut,
                       const c10::optional<at::Tensor>& slots)
 {
     at::Tensor tiling = TilingOn(t, anchor.device());
@@ -130,50 +133,50 @@ void LaunchDecompress(bool bf16, const LynxTiling& t, const at::Tensor& anchor, 
         void* r = res.defined() ? res.data_ptr() : nullptr;
         void* s = slot.defined() ? slot.data_ptr() : nullptr;
         if (bf16)
-            ACLRT_LAUNCH_KERNEL(lynx_decompress_bf16)(blockDim, stream, anchor.data_ptr(), r, kLv.data_ptr(),
-                                                      vLv.data_ptr(), kOut.data_ptr(), vOut.data_ptr(), s,
+            ACLRT_LAUNCH_KERNEL(lynx_decompress_bf16)(blockDim, stream, anchor.data_ptr(), r, kMag.data_ptr(),
+                                                      vMag.data_ptr(), kOut.data_ptr(), vOut.data_ptr(), s,
                                                       tiling.data_ptr());
         else
-            ACLRT_LAUNCH_KERNEL(lynx_decompress_fp16)(blockDim, stream, anchor.data_ptr(), r, kLv.data_ptr(),
-                                                      vLv.data_ptr(), kOut.data_ptr(), vOut.data_ptr(), s,
+            ACLRT_LAUNCH_KERNEL(lynx_decompress_fp16)(blockDim, stream, anchor.data_ptr(), r, kMag.data_ptr(),
+                                                      vMag.data_ptr(), kOut.data_ptr(), vOut.data_ptr(), s,
                                                       tiling.data_ptr());
         return 0;
     });
     cmd.Run();
 }
 
-LynxTiling DecompressTiling(const at::Tensor& anchor, const c10::optional<at::Tensor>& residual, const at::Tensor& kLv,
-                            const at::Tensor& vLv, LynxTilingArgs a)
+LynxTiling DecompressTiling(const at::Tensor& anchor, const c10::optional<at::Tensor>& residual, const at::Tensor& kMag,
+                            const at::Tensor& vMag, LynxTilingArgs a)
 {
     a.useResidual = residual.has_value() ? 1 : 0;
     const LynxTiling t = Tiling(a);
     CheckStream(anchor, t.anchorTotal, anchor.device(), "anchor");
     if (residual.has_value()) CheckStream(*residual, t.residualTotal, anchor.device(), "residual");
-    CheckTable(kLv, anchor.device(), "k_levels");
-    CheckTable(vLv, anchor.device(), "v_levels");
+    CheckTable(kMag, anchor.device(), "k_magnitudes");
+    CheckTable(vMag, anchor.device(), "v_magnitudes");
     return t;
 }
 
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> decompress_npu(const at::Tensor& anchor, const c10::optional<at::Tensor>& residual,
-                                                  const at::Tensor& kLv, const at::Tensor& vLv, int64_t h, int64_t t,
+                                                  const at::Tensor& kMag, const at::Tensor& vMag, int64_t h, int64_t t,
                                                   int64_t d, bool bf16, int64_t pageSize, int64_t chunkSize,
                                                   int64_t vChunkSize, int64_t anchorBits, int64_t vAnchorBits,
                                                   int64_t kAxis, int64_t vAxis, int64_t numSink)
 {
     const LynxTiling tiling = DecompressTiling(
-        anchor, residual, kLv, vLv,
+        anchor, residual, kMag, vMag,
         Args(h, t, d, pageSize, chunkSize, vChunkSize, anchorBits, vAnchorBits, kAxis, vAxis, numSink,
              LYNX_MODE_DECOMPRESS));
     const auto opts = anchor.options().dtype(bf16 ? at::kBFloat16 : at::kHalf);
     at::Tensor kOut = at::empty({h, t, d}, opts), vOut = at::empty({h, t, d}, opts);
-    LaunchDecompress(bf16, tiling, anchor, residual, kLv, vLv, kOut, vOut, c10::nullopt);
+    LaunchDecompress(bf16, tiling, anchor, residual, kMag, vMag, kOut, vOut, c10::nullopt);
     return {kOut, vOut};
 }
 
-void decompress_paged_npu(const at::Tensor& anchor, const c10::optional<at::Tensor>& residual, const at::Tensor& kLv,
-                          const at::Tensor& vLv, at::Tensor& kCache, at::Tensor& vCache, const at::Tensor& slotMapping,
+void decompress_paged_npu(const at::Tensor& anchor, const c10::optional<at::Tensor>& residual, const at::Tensor& kMag,
+                          const at::Tensor& vMag, at::Tensor& kCache, at::Tensor& vCache, const at::Tensor& slotMapping,
                           int64_t numTokens, int64_t pageSize, int64_t chunkSize, int64_t vChunkSize,
                           int64_t anchorBits, int64_t vAnchorBits, int64_t kAxis, int64_t vAxis, int64_t numSink)
 {
@@ -194,8 +197,8 @@ void decompress_paged_npu(const at::Tensor& anchor, const c10::optional<at::Tens
     a.blockSize = (uint32_t)kCache.size(1);
     a.slotBytes = (uint32_t)slotMapping.element_size();
     a.numSlots = (uint64_t)kCache.size(0) * kCache.size(1);
-    const LynxTiling tiling = DecompressTiling(anchor, residual, kLv, vLv, a);
-    LaunchDecompress(bf16, tiling, anchor, residual, kLv, vLv, kCache, vCache, slotMapping);
+    const LynxTiling tiling = DecompressTiling(anchor, residual, kMag, vMag, a);
+    LaunchDecompress(bf16, tiling, anchor, residual, kMag, vMag, kCache, vCache, slotMapping);
 }
 
 }  // namespace lynx_ascend

@@ -111,8 +111,8 @@ void lynx_host_page_kind(const void* tiling, uint32_t kind, uint32_t* numTokens,
 }
 
 int lynx_host_compress(int bf16, uint32_t blockDim, int reverse, void* k, void* v, void* kThr, void* vThr,
-                       void* sigLevels, void* anchor, void* residual, const void* tiling, uint32_t* ubPeak, char* err,
-                       uint32_t errLen)
+                       void* kSplit, void* vSplit, void* sigLevels, void* anchor, void* residual, const void* tiling,
+                       uint32_t* ubPeak, char* err, uint32_t errLen)
 {
     const LynxTiling& t = *static_cast<const LynxTiling*>(tiling);
     if (t.mode != LYNX_MODE_COMPRESS) return Fail(err, errLen, "tiling is not for compress");
@@ -121,13 +121,17 @@ int lynx_host_compress(int bf16, uint32_t blockDim, int reverse, void* k, void* 
     auto g = [](void* p) { return static_cast<GM_ADDR>(p); };
     GM_ADDR tg = static_cast<GM_ADDR>(const_cast<void*>(tiling));
     return Launch(blockDim, reverse, t, ubPeak, err, errLen, [&] {
-        if (bf16) lynx_compress_bf16(g(k), g(v), g(kThr), g(vThr), g(sigLevels), g(anchor), g(residual), tg);
-        else lynx_compress_fp16(g(k), g(v), g(kThr), g(vThr), g(sigLevels), g(anchor), g(residual), tg);
+        if (bf16)
+            lynx_compress_bf16(g(k), g(v), g(kThr), g(vThr), g(kSplit), g(vSplit), g(sigLevels), g(anchor),
+                               g(residual), tg);
+        else
+            lynx_compress_fp16(g(k), g(v), g(kThr), g(vThr), g(kSplit), g(vSplit), g(sigLevels), g(anchor),
+                               g(residual), tg);
     });
 }
 
-int lynx_host_decompress(int bf16, uint32_t blockDim, int reverse, void* anchor, void* residual, void* kLevels,
-                         void* vLevels, void* kOut, void* vOut, void* slotMapping, const void* tiling,
+int lynx_host_decompress(int bf16, uint32_t blockDim, int reverse, void* anchor, void* residual, void* kMags,
+                         void* vMags, void* kOut, void* vOut, void* slotMapping, const void* tiling,
                          uint32_t* ubPeak, char* err, uint32_t errLen)
 {
     const LynxTiling& t = *static_cast<const LynxTiling*>(tiling);
@@ -135,9 +139,9 @@ int lynx_host_decompress(int bf16, uint32_t blockDim, int reverse, void* anchor,
     auto g = [](void* p) { return static_cast<GM_ADDR>(p); };
     GM_ADDR tg = static_cast<GM_ADDR>(const_cast<void*>(tiling));
     return Launch(blockDim, reverse, t, ubPeak, err, errLen, [&] {
-        if (bf16) lynx_decompress_bf16(g(anchor), g(residual), g(kLevels), g(vLevels), g(kOut), g(vOut),
+        if (bf16) lynx_decompress_bf16(g(anchor), g(residual), g(kMags), g(vMags), g(kOut), g(vOut),
                                        g(slotMapping), tg);
-        else lynx_decompress_fp16(g(anchor), g(residual), g(kLevels), g(vLevels), g(kOut), g(vOut),
+        else lynx_decompress_fp16(g(anchor), g(residual), g(kMags), g(vMags), g(kOut), g(vOut),
                                   g(slotMapping), tg);
     });
 }

@@ -17,8 +17,11 @@
  *           sigma levels >= need, a float16 value; binary search as below, SigmaStats)
  *   xf = xc * RN(1 / sigma)  (0 where sigma == 0)
  *   I = #{j : thresholds[j] <= |xf|}       (branch-free binary search: Gather + Compare + Select)
- *   m = (I + bias) >> r;  res = (m << r) - I;  anchor = xf < 0 ? -m - 1 : m
+ *   m = (I + bias) >> r;  d = (m << r) - I;  anchor = xf < 0 ? -m - 1 : m
  *                                      (a anchor + r residual bits: K's and V's own split)
+ *   res = d                  in a middle cell (0 < m < top = y_max >> r)
+ *       = 2 d + 1 - h        in an end cell (m == 0 or m == top), h = |xf| >= split[I]
+ *         (payload format 8, lynx_tables "the end cells"), stored mod 2^r
  *
  * The midrange has no rounding-order freedom (max, min, one add, an exact halving), so its
  * streams equal the reference's byte for byte, on either scalar grid. With the mean, the only
@@ -41,8 +44,9 @@ class LynxCompress {
 public:
     __aicore__ inline LynxCompress() {}
 
-    __aicore__ inline void Init(GM_ADDR k, GM_ADDR v, GM_ADDR kThr, GM_ADDR vThr, GM_ADDR sigLevels,
-                                GM_ADDR anchor, GM_ADDR residual, const LynxTiling* tiling, AscendC::TPipe* pipe)
+    __aicore__ inline void Init(GM_ADDR k, GM_ADDR v, GM_ADDR kThr, GM_ADDR vThr, GM_ADDR kSplit, GM_ADDR vSplit,
+                                GM_ADDR sigLevels, GM_ADDR anchor, GM_ADDR residual, const LynxTiling* tiling,
+                                AscendC::TPipe* pipe)
     {
         t_ = tiling;
         byteGrid_ = t_->scalarGrid == LYNX_GRID_BYTE;
@@ -53,13 +57,16 @@ public:
         kvGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v), layer);
         thrGm_[0].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(kThr), t_->tableSize);
         thrGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(vThr), t_->tableSize);
+        splitGm_[0].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(kSplit), t_->tableSize);
+        splitGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(vSplit), t_->tableSize);
         if (byteGrid_) sigGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(sigLevels), t_->sigmaTableSize);
         anchorGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(anchor), t_->anchorTotal);
         residualGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(residual), t_->residualTotal);
 
         const uint32_t d = t_->headDim, es = sizeof(T), np = t_->blockElems, sb = t_->subBlock;
         const uint32_t stats = t_->maxStats;
-        pipe->InitBuffer(tableQueue_, 1, (2 * t_->tableSize + (byteGrid_ ? t_->sigmaTableSize : 0)) * sizeof(float));
+        pipe->InitBuffer(tableQueue_, 1, (LYNX_COMPRESS_TABLES * t_->tableSize + (byteGrid_ ? t_->sigmaTableSize : 0)) *
+                                             sizeof(float));
         if (t_->numSink) pipe->InitBuffer(sinkQueue_, BUFFER_NUM, t_->sinkRows * d * es);
         pipe->InitBuffer(inQueue_, BUFFER_NUM, t_->maxBlockRows * d * es);
         pipe->InitBuffer(codeQueue_, BUFFER_NUM, LynxCodeBytes(*t_, np, false));
@@ -92,7 +99,9 @@ public:
         AscendC::LocalTensor<float> tables = tableQueue_.AllocTensor<float>();
         AscendC::DataCopy(tables, thrGm_[0], t_->tableSize);
         AscendC::DataCopy(tables[t_->tableSize], thrGm_[1], t_->tableSize);
-        if (byteGrid_) AscendC::DataCopy(tables[2 * t_->tableSize], sigGm_, t_->sigmaTableSize);
+        AscendC::DataCopy(tables[2 * t_->tableSize], splitGm_[0], t_->tableSize);
+        AscendC::DataCopy(tables[3 * t_->tableSize], splitGm_[1], t_->tableSize);
+        if (byteGrid_) AscendC::DataCopy(tables[LYNX_COMPRESS_TABLES * t_->tableSize], sigGm_, t_->sigmaTableSize);
         tableQueue_.EnQue(tables);
         tables_ = tableQueue_.DeQue<float>();
         BuildShifts();
@@ -307,11 +316,12 @@ private:
         AscendC::LocalTensor<uint8_t> codes = codeQueue_.AllocTensor<uint8_t>();
         AscendC::LocalTensor<uint8_t> res = resQueue_.AllocTensor<uint8_t>();
         const AscendC::LocalTensor<float> thr = tables_[kv * t_->tableSize];
+        const AscendC::LocalTensor<float> split = tables_[(2 + kv) * t_->tableSize];
         const uint32_t a = t_->anchorBits[kv], r = t_->residualBits[kv];
         // a sub-block's codes start 32-byte aligned: subBlock is 2048 (s * a / 8 = 256 * a * k)
         // or the whole block (s = 0)
         for (uint32_t s = 0; s < np; s += t_->subBlock)
-            Quantize(kv, x[s], Min(t_->subBlock, np - s), codes[s * a / 8], res[s * r / 8], thr);
+            Quantize(kv, x[s], Min(t_->subBlock, np - s), codes[s * a / 8], res[s * r / 8], thr, split);
         codeQueue_.EnQue(codes);
         resQueue_.EnQue(res);
         return nstat;
@@ -381,7 +391,7 @@ private:
     {
         if (byteGrid_) {
             const uint32_t n = LynxRoundUp(nstat, REPEAT_FLOATS);
-            const AscendC::LocalTensor<float> levels = tables_[2 * t_->tableSize];
+            const AscendC::LocalTensor<float> levels = tables_[LYNX_COMPRESS_TABLES * t_->tableSize];
             AscendC::LocalTensor<float> pos = sig;
             AscendC::LocalTensor<float> tmp = cntBuf_.Get<float>();
             AscendC::LocalTensor<int32_t> off = workBuf_.Get<int32_t>();
@@ -414,10 +424,11 @@ private:
         }
     }
 
-    // xf (n values, n % 64 == 0) of K (kv 0) or V -> packed anchor and residual codes.
+    // xf (n values, n % 64 == 0) of K (kv 0) or V -> packed anchor and residual codes, with the
+    // tensor's thresholds and end-cell split thresholds (+inf where a code is not split).
     __aicore__ inline void Quantize(uint32_t kv, const AscendC::LocalTensor<float>& xf, uint32_t n,
                                     const AscendC::LocalTensor<uint8_t>& codes, const AscendC::LocalTensor<uint8_t>& res,
-                                    const AscendC::LocalTensor<float>& thr)
+                                    const AscendC::LocalTensor<float>& thr, const AscendC::LocalTensor<float>& split)
     {
         AscendC::LocalTensor<float> ax = f1Buf_.Get<float>();
         AscendC::LocalTensor<float> idx = f2Buf_.Get<float>();
@@ -437,22 +448,40 @@ private:
             AscendC::Adds(tmp, idx, (float)step, n);
             AscendC::Select(idx, mask, tmp, idx, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
         }
+        // the end cells' half code: h = |x| >= split[I] (I <= y_max < 128: inside the table), kept
+        // as E = 2 I - 1 + h (exact small integers; |x| is not needed past here, so ax holds E)
+        AscendC::Muls(tmp, idx, (float)sizeof(float), n);       // byte offset of split[I]
+        AscendC::Cast(off, tmp, AscendC::RoundMode::CAST_RINT, n);
+        AscendC::Gather(tmp, split, off.ReinterpretCast<uint32_t>(), 0, n);
+        AscendC::Compare(mask, ax, tmp, AscendC::CMPMODE::GE, n);   // mask = h
+        AscendC::Muls(ax, idx, 2.0f, n);
+        AscendC::Adds(tmp, ax, -1.0f, n);
+        AscendC::Select(ax, mask, ax, tmp, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);  // ax = E
         // m = (I + bias) >> r (exact in float32: small integers times a power of two)
         const uint32_t a = t_->anchorBits[kv], r = t_->residualBits[kv];
         const float one = (float)(1u << r);
         AscendC::Adds(tmp, idx, (float)t_->bias[kv], n);
         AscendC::Muls(tmp, tmp, 1.0f / one, n);
         AscendC::Cast(off, tmp, AscendC::RoundMode::CAST_FLOOR, n);
-        AscendC::Cast(tmp, off, AscendC::RoundMode::CAST_NONE, n);       // tmp = m
-        AscendC::Muls(ax, tmp, one, n);
-        AscendC::Sub(ax, ax, idx, n);                                    // ax = res = (m << r) - I
+        AscendC::Cast(tmp, off, AscendC::RoundMode::CAST_NONE, n);
+        AscendC::Muls(tmp, tmp, one, n);                                 // tmp = M = m << r
+        AscendC::Sub(idx, tmp, idx, n);                                  // idx = d = M - I (middle cells)
+        AscendC::Sub(ax, tmp, ax, n);
+        AscendC::Add(ax, ax, tmp, n);                                    // ax = 2 M - E = 2 d + 1 - h
+        // field: 2 d + 1 - h in the end cells m == 0 (M == 0) and m == top (M == y_max), else d
+        AscendC::CompareScalar(mask, tmp, 0.0f, AscendC::CMPMODE::EQ, n);
+        AscendC::Select(idx, mask, ax, idx, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+        AscendC::CompareScalar(mask, tmp, (float)t_->yMax[kv], AscendC::CMPMODE::EQ, n);
+        AscendC::Select(ax, mask, ax, idx, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);  // ax = field
+        AscendC::Muls(tmp, tmp, 1.0f / one, n);                          // tmp = m (exact)
         // anchor code: m, or (-m - 1) & (2^a - 1) = 2^a - 1 - m where the centred value is negative
         const float anchorMask = (float)((1u << a) - 1);
         AscendC::CompareScalar(mask, xf, 0.0f, AscendC::CMPMODE::LT, n);
         AscendC::Muls(idx, tmp, -1.0f, n);
         AscendC::Adds(idx, idx, anchorMask, n);
         AscendC::Select(idx, mask, idx, tmp, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
-        // residual code: res & (2^r - 1)
+        // residual code: field & (2^r - 1) (field in [-2^r + 1, 2^r - 1]: cell 0's end fields
+        // are <= 0, the top cell's >= 0, a middle cell's in [-2^(r-1), 2^(r-1) - 1])
         AscendC::CompareScalar(mask, ax, 0.0f, AscendC::CMPMODE::LT, n);
         AscendC::Adds(tmp, ax, one, n);
         AscendC::Select(ax, mask, tmp, ax, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
@@ -564,11 +593,12 @@ private:
     GM_ADDR residual_ = nullptr;
     AscendC::GlobalTensor<T> kvGm_[2];
     AscendC::GlobalTensor<float> thrGm_[2];
+    AscendC::GlobalTensor<float> splitGm_[2];  // the end cells' split thresholds of K, V
     AscendC::GlobalTensor<float> sigGm_;  // byte grid: the 256 sigma levels
     bool byteGrid_ = false;               // tiling scalarGrid == LYNX_GRID_BYTE
     AscendC::GlobalTensor<uint8_t> anchorGm_, residualGm_;
-    // [2, tableSize] thresholds of K then V (+ [sigmaTableSize] sigma levels on the byte grid),
-    // whole kernel
+    // [2, tableSize] thresholds of K then V, [2, tableSize] split thresholds of K then V
+    // (+ [sigmaTableSize] sigma levels on the byte grid), whole kernel
     AscendC::LocalTensor<float> tables_;
 
     AscendC::TQue<AscendC::TPosition::VECIN, 1> tableQueue_;
@@ -594,14 +624,14 @@ private:
 
 #define LYNX_COMPRESS_ENTRY(NAME, TYPE)                                                                  \
     extern "C" __global__ __aicore__ void NAME(GM_ADDR k, GM_ADDR v, GM_ADDR kThr, GM_ADDR vThr,        \
-                                               GM_ADDR sigLevels, GM_ADDR anchor, GM_ADDR residual,     \
-                                               GM_ADDR tiling)                                          \
+                                               GM_ADDR kSplit, GM_ADDR vSplit, GM_ADDR sigLevels,       \
+                                               GM_ADDR anchor, GM_ADDR residual, GM_ADDR tiling)        \
     {                                                                                                    \
         LynxTiling t;                                                                                    \
         lynx::CopyTiling(&t, tiling);                                                                    \
         AscendC::TPipe pipe;                                                                             \
         lynx::LynxCompress<TYPE> op;                                                                     \
-        op.Init(k, v, kThr, vThr, sigLevels, anchor, residual, &t, &pipe);                               \
+        op.Init(k, v, kThr, vThr, kSplit, vSplit, sigLevels, anchor, residual, &t, &pipe);               \
         op.Process();                                                                                    \
     }
 

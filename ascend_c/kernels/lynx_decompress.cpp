@@ -4,8 +4,10 @@
  * into vLLM-Ascend's paged caches (separate K and V of [num_blocks, block_size, H, D], token t
  * at slot_mapping[t]). The math is lynx_ref.dequantize, float32 in the same order:
  *
- *   I  = m << r (anchor stage)  or  (m << r) - res (full stage), clamped to [0, y_max]
- *   xf = +-levels[I]            (sign from the anchor code; the table is an input, no exp here)
+ *   j  = m << r (anchor stage)  or  (m << r) | f (full stage; f = the unsigned r-bit residual
+ *        field, so (m << r) | f = (m << r) + f: exact small integers, no clamp: j < 128)
+ *   xf = +-magnitudes[j]        (sign from the anchor code; lynx_tables.magnitudes, payload format
+ *                                8's end cells included, is an input: no exp here)
  *   x  = ((xf * sigma + mu) * (gmax - gmin) + gmin) -> KV dtype (round to nearest even)
  *
  * Codes (a anchor bits and r = 8 - a residual bits, each of K and V its own a) are unpacked
@@ -26,7 +28,7 @@ class LynxDecompress {
 public:
     __aicore__ inline LynxDecompress() {}
 
-    __aicore__ inline void Init(GM_ADDR anchor, GM_ADDR residual, GM_ADDR kLevels, GM_ADDR vLevels, GM_ADDR kOut,
+    __aicore__ inline void Init(GM_ADDR anchor, GM_ADDR residual, GM_ADDR kMags, GM_ADDR vMags, GM_ADDR kOut,
                                 GM_ADDR vOut, GM_ADDR slotMapping, const LynxTiling* tiling, AscendC::TPipe* pipe)
     {
         t_ = tiling;
@@ -36,8 +38,8 @@ public:
                                     : (uint64_t)t_->numHeads * t_->numTokens * t_->headDim;
         outGm_[0].SetGlobalBuffer(reinterpret_cast<__gm__ T*>(kOut), out);
         outGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ T*>(vOut), out);
-        lvGm_[0].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(kLevels), t_->tableSize);
-        lvGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(vLevels), t_->tableSize);
+        magGm_[0].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(kMags), t_->tableSize);
+        magGm_[1].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(vMags), t_->tableSize);
         anchorGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(anchor), t_->anchorTotal);
         if (t_->useResidual)
             residualGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(residual), t_->residualTotal);
@@ -48,7 +50,7 @@ public:
 
         const uint32_t d = t_->headDim, es = sizeof(T), np = t_->blockElems, sb = t_->subBlock;
         const uint32_t stats = t_->maxStats;
-        pipe->InitBuffer(tableQueue_, 1, 2 * t_->tableSize * sizeof(float));
+        pipe->InitBuffer(tableQueue_, 1, LYNX_DECOMPRESS_TABLES * t_->tableSize * sizeof(float));
         if (t_->numSink) pipe->InitBuffer(sinkQueue_, BUFFER_NUM, t_->sinkRows * d * es);
         pipe->InitBuffer(codeQueue_, BUFFER_NUM, LynxCodeBytes(*t_, np, false));
         if (t_->useResidual) pipe->InitBuffer(resQueue_, BUFFER_NUM, LynxCodeBytes(*t_, np, true));
@@ -70,15 +72,15 @@ public:
         pipe->InitBuffer(halfBuf_, sb * sizeof(half));
         pipe->InitBuffer(groupBuf_, sb * sizeof(float));
         pipe->InitBuffer(negBuf_, sb / 8);
-        pipe->InitBuffer(resMaskBuf_, sb / 8);
+        pipe->InitBuffer(oddMaskBuf_, sb / 8);
         pipe->InitBuffer(laneBuf_, LYNX_CODE_STREAMS * LYNX_UNPACK_PATTERNS * LYNX_ALIGN);
     }
 
     __aicore__ inline void Process()
     {
         AscendC::LocalTensor<float> tables = tableQueue_.AllocTensor<float>();
-        AscendC::DataCopy(tables, lvGm_[0], t_->tableSize);
-        AscendC::DataCopy(tables[t_->tableSize], lvGm_[1], t_->tableSize);
+        AscendC::DataCopy(tables, magGm_[0], t_->tableSize);
+        AscendC::DataCopy(tables[t_->tableSize], magGm_[1], t_->tableSize);
         tableQueue_.EnQue(tables);
         tables_ = tableQueue_.DeQue<float>();
         BuildUnpackConstants();
@@ -221,11 +223,11 @@ private:
         AscendC::LocalTensor<uint8_t> codes = codeQueue_.DeQue<uint8_t>();
         AscendC::LocalTensor<uint8_t> res;
         if (t_->useResidual) res = resQueue_.DeQue<uint8_t>();
-        const AscendC::LocalTensor<float> lv = tables_[kv * t_->tableSize];
+        const AscendC::LocalTensor<float> mags = tables_[kv * t_->tableSize];
         const uint32_t a = t_->anchorBits[kv], r = t_->residualBits[kv];
         for (uint32_t s = 0; s < np; s += t_->subBlock) {  // codes 32-byte aligned as in compress
             const uint32_t m = Min(t_->subBlock, np - s);
-            Dequantize(kv, codes[s * a / 8], t_->useResidual ? res[s * r / 8] : res, m, lv, x[s]);
+            Dequantize(kv, codes[s * a / 8], t_->useResidual ? res[s * r / 8] : res, m, mags, x[s]);
         }
         codeQueue_.FreeTensor(codes);
         if (t_->useResidual) resQueue_.FreeTensor(res);
@@ -255,11 +257,11 @@ private:
         outQueue_.EnQue(out);
     }
 
-    // m packed codes of K (kv 0) or V (m * a / 8, m * r / 8 bytes) -> xf = +-levels[I] for m
-    // lanes (m % 64 == 0).
+    // m packed codes of K (kv 0) or V (m * a / 8, m * r / 8 bytes) -> xf = +-magnitudes[j] for m
+    // lanes (m % 64 == 0), j = (anchor magnitude << r) | residual field.
     __aicore__ inline void Dequantize(uint32_t kv, const AscendC::LocalTensor<uint8_t>& codes,
                                       const AscendC::LocalTensor<uint8_t>& res, uint32_t m,
-                                      const AscendC::LocalTensor<float>& lv, const AscendC::LocalTensor<float>& xf)
+                                      const AscendC::LocalTensor<float>& mags, const AscendC::LocalTensor<float>& xf)
     {
         AscendC::LocalTensor<float> raw = f1Buf_.Get<float>();
         AscendC::LocalTensor<float> code = f2Buf_.Get<float>();
@@ -274,21 +276,15 @@ private:
         AscendC::Muls(code, raw, -1.0f, m);
         AscendC::Adds(code, code, anchorMask, m);
         AscendC::Select(code, neg, code, raw, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
-        AscendC::Muls(code, code, one, m);  // I = m << r
-        if (t_->useResidual) {              // I -= res (sign-extended r-bit code)
-            AscendC::LocalTensor<uint8_t> rneg = resMaskBuf_.Get<uint8_t>();
+        AscendC::Muls(code, code, one, m);  // j = m << r: field 0, the anchor's level
+        if (t_->useResidual) {              // j = (m << r) | f = (m << r) + f, f the unsigned r-bit field
             Unpack(res, m, r, 2 * kv + 1);
-            AscendC::CompareScalar(rneg, raw, one / 2, AscendC::CMPMODE::GE, m);
-            AscendC::Adds(tmp, raw, -one, m);
-            AscendC::Select(raw, rneg, tmp, raw, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
-            AscendC::Sub(code, code, raw, m);
+            AscendC::Add(code, code, raw, m);
         }
-        AscendC::Maxs(code, code, 0.0f, m);
-        AscendC::Mins(code, code, (float)t_->yMax[kv], m);
         AscendC::Muls(code, code, (float)sizeof(float), m);
         AscendC::LocalTensor<int32_t> off = offBuf_.Get<int32_t>();
         AscendC::Cast(off, code, AscendC::RoundMode::CAST_RINT, m);
-        AscendC::Gather(raw, lv, off.ReinterpretCast<uint32_t>(), 0, m);  // |x| = levels[I]
+        AscendC::Gather(raw, mags, off.ReinterpretCast<uint32_t>(), 0, m);  // |x| = magnitudes[j]
         AscendC::Muls(tmp, raw, -1.0f, m);
         AscendC::Select(xf, neg, tmp, raw, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, m);
     }
@@ -337,7 +333,7 @@ private:
         AscendC::LocalTensor<float> lo = f4Buf_.Get<float>();
         AscendC::LocalTensor<half> h = halfBuf_.Get<half>();
         AscendC::LocalTensor<int32_t> off = offBuf_.Get<int32_t>();
-        AscendC::LocalTensor<uint8_t> odd = resMaskBuf_.Get<uint8_t>();  // free until Dequantize's rneg
+        AscendC::LocalTensor<uint8_t> odd = oddMaskBuf_.Get<uint8_t>();  // the odd-lane mask
         AscendC::LocalTensor<uint32_t> dup = groupBuf_.Get<uint32_t>();
         if (!allNibbles_) {  // groupBuf_ holds 4 * group: dup = 4 * (4 * group + lane's byte)
             AscendC::Muls(lo, groupBuf_.Get<float>(), 4.0f, m);
@@ -406,11 +402,11 @@ private:
     GM_ADDR anchor_ = nullptr;
     bool paged_ = false;
     AscendC::GlobalTensor<T> outGm_[2];
-    AscendC::GlobalTensor<float> lvGm_[2];
+    AscendC::GlobalTensor<float> magGm_[2];
     AscendC::GlobalTensor<uint8_t> anchorGm_, residualGm_;
     AscendC::GlobalTensor<int32_t> slot32Gm_;
     AscendC::GlobalTensor<int64_t> slot64Gm_;
-    AscendC::LocalTensor<float> tables_;  // [2, tableSize] levels of K then V, whole kernel
+    AscendC::LocalTensor<float> tables_;  // [2, tableSize] magnitudes of K then V, whole kernel
 
     AscendC::TQue<AscendC::TPosition::VECIN, 1> tableQueue_;
     AscendC::TQueBind<AscendC::TPosition::VECIN, AscendC::TPosition::VECOUT, BUFFER_NUM> sinkQueue_;
@@ -425,7 +421,7 @@ private:
     AscendC::TBuf<AscendC::TPosition::VECCALC> gminBuf_, scaleBuf_;    // [dimPad]
     AscendC::TBuf<AscendC::TPosition::VECCALC> f1Buf_, f2Buf_, f3Buf_, f4Buf_, offBuf_;  // [subBlock]
     AscendC::TBuf<AscendC::TPosition::VECCALC> halfBuf_, groupBuf_;    // [subBlock]
-    AscendC::TBuf<AscendC::TPosition::VECCALC> negBuf_, resMaskBuf_;   // [subBlock] bits
+    AscendC::TBuf<AscendC::TPosition::VECCALC> negBuf_, oddMaskBuf_;   // [subBlock] bits: sign, odd lanes
     AscendC::TBuf<AscendC::TPosition::VECCALC> laneBuf_;               // [code streams, 3] blocks
     bool allNibbles_ = false;  // K and V both 4 + 4: groupBuf_ holds the nibble Gather offsets
 };
@@ -433,15 +429,15 @@ private:
 }  // namespace lynx
 
 #define LYNX_DECOMPRESS_ENTRY(NAME, TYPE)                                                                  \
-    extern "C" __global__ __aicore__ void NAME(GM_ADDR anchor, GM_ADDR residual, GM_ADDR kLevels,         \
-                                               GM_ADDR vLevels, GM_ADDR kOut, GM_ADDR vOut,               \
+    extern "C" __global__ __aicore__ void NAME(GM_ADDR anchor, GM_ADDR residual, GM_ADDR kMags,           \
+                                               GM_ADDR vMags, GM_ADDR kOut, GM_ADDR vOut,                 \
                                                GM_ADDR slotMapping, GM_ADDR tiling)                        \
     {                                                                                                      \
         LynxTiling t;                                                                                      \
         lynx::CopyTiling(&t, tiling);                                                                      \
         AscendC::TPipe pipe;                                                                               \
         lynx::LynxDecompress<TYPE> op;                                                                     \
-        op.Init(anchor, residual, kLevels, vLevels, kOut, vOut, slotMapping, &t, &pipe);                   \
+        op.Init(anchor, residual, kMags, vMags, kOut, vOut, slotMapping, &t, &pipe);                       \
         op.Process();                                                                                      \
     }
 

@@ -28,7 +28,13 @@
 #endif
 
 constexpr uint32_t LYNX_ALIGN = 32;          // bytes: section alignment and UB block size
-constexpr uint32_t LYNX_TABLE_SIZE = 128;    // entries: thresholds/levels padded to a power of 2
+constexpr uint32_t LYNX_TABLE_SIZE = 128;    // entries: thresholds / split thresholds padded to a power of 2
+                                             // (+inf); magnitudes: exactly 2^(a-1+r) = 128 for a + r = 8
+// 128-entry tables in the Unified Buffer: compress holds K's and V's thresholds and end-cell split
+// thresholds (lynx_tables.thresholds / split_thresholds), decompress K's and V's magnitudes
+// (lynx_tables.magnitudes, read at (m << r) | residual field)
+constexpr uint32_t LYNX_COMPRESS_TABLES = 4;
+constexpr uint32_t LYNX_DECOMPRESS_TABLES = 2;
 constexpr uint32_t LYNX_SIGMA_TABLE_SIZE = 256;  // entries: the byte grid's sigma levels (lynx_tables.sigma_levels)
 constexpr uint32_t LYNX_NUM_SECTIONS = 10;
 constexpr uint32_t LYNX_NUM_KINDS = 3;

@@ -169,7 +169,7 @@ def _load(path: pathlib.Path) -> ctypes.CDLL:
     lib.lynx_host_tiling_summary.argtypes = [vp] + [ctypes.POINTER(u64)] * 2 + [ctypes.POINTER(u32)] * 5
     lib.lynx_host_page_kind.argtypes = [vp, u32, ctypes.POINTER(u32), ctypes.POINTER(u32),
                                         ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(u64)]
-    lib.lynx_host_compress.argtypes = [ctypes.c_int, u32, ctypes.c_int] + [vp] * 8 + [ctypes.POINTER(u32), cp, u32]
+    lib.lynx_host_compress.argtypes = [ctypes.c_int, u32, ctypes.c_int] + [vp] * 10 + [ctypes.POINTER(u32), cp, u32]
     lib.lynx_host_decompress.argtypes = [ctypes.c_int, u32, ctypes.c_int] + [vp] * 8 + [ctypes.POINTER(u32), cp, u32]
     return lib
 
@@ -241,23 +241,38 @@ def make_tiling(cfg: LynxConfig, num_heads: int, num_tokens: int, head_dim: int,
                   *((split[i], split[i + 1]) for i in range(0, 8, 2)))
 
 
+TABLE_KINDS = ("thresholds", "split", "magnitudes", "sigma_levels")
+
+
 def kernel_tables(cfg: LynxConfig, which: str, kind: str) -> torch.Tensor:
-    """float32 [128]: lynx_tables thresholds padded with +inf, or levels padded with 1; or
-    (kind "sigma_levels", the compress kernel's on the byte scalar grid) float32 [256]: the
-    byte grid's sigma levels (lynx_tables.sigma_levels, the same for K and V and every config)."""
+    """A kernel's lookup table for tensor ``which`` ("k" or "v"), float32:
+
+    - "thresholds" [128] (compress): lynx_tables.thresholds padded with +inf;
+    - "split" [128] (compress): the end cells' split thresholds, lynx_tables.split_thresholds
+      (payload format 8), padded with +inf: h = |xf| >= split[I];
+    - "magnitudes" [128] (decompress): lynx_tables.magnitudes, the decoded |x| of
+      (m << r) | residual field (exactly 128 entries for every split of 8 bits);
+    - "sigma_levels" [256] (compress on the byte scalar grid): lynx_tables.sigma_levels, the
+      same for K and V and every config.
+    """
+    if kind not in TABLE_KINDS:
+        raise ValueError(f"{kind=} must be one of {', '.join(map(repr, TABLE_KINDS))}")
     if kind == "sigma_levels":
         t = lynx_tables.sigma_levels()
         if t.numel() != SIGMA_TABLE_SIZE:
             raise ValueError(f"lynx_tables.sigma_levels() has {t.numel()} levels; the kernel's "
                              f"table holds {SIGMA_TABLE_SIZE}")
         return t.contiguous()
-    if kind not in ("thresholds", "levels"):
-        raise ValueError(f"{kind=} must be 'thresholds', 'levels' or 'sigma_levels'")
-    alpha = cfg.alpha(which)
+    alpha, y_max, r = cfg.alpha(which), cfg.y_max(which), cfg.residual_bits(which)
     if kind == "thresholds":
-        t, fill = lynx_tables.thresholds(alpha, cfg.y_max(which)), float("inf")
+        t, fill = lynx_tables.thresholds(alpha, y_max), float("inf")
+    elif kind == "split":
+        t, fill = lynx_tables.split_thresholds(alpha, y_max, r), float("inf")
     else:
-        t, fill = lynx_tables.levels(alpha, cfg.y_max(which)), 1.0
+        t, fill = lynx_tables.magnitudes(alpha, y_max, r), 1.0
+    if t.numel() > TABLE_SIZE:
+        raise ValueError(f"lynx_tables {kind} of {which!r} has {t.numel()} entries; the kernel's "
+                         f"table holds {TABLE_SIZE}")
     return torch.cat([t, torch.full((TABLE_SIZE - t.numel(),), fill)]).contiguous()
 
 
@@ -296,6 +311,7 @@ def compress(k: torch.Tensor, v: torch.Tensor, config: LynxConfig | None = None,
     tiling = make_tiling(cfg, h, t, d, k.dtype, mode=_MODE_COMPRESS, buffer_num=buffer_num)
     k, v = k.contiguous(), v.contiguous()
     thr = [kernel_tables(cfg, w, "thresholds") for w in "kv"]
+    split = [kernel_tables(cfg, w, "split") for w in "kv"]
     sig = kernel_tables(cfg, "k", "sigma_levels") if cfg.scalar_grid == "byte" else None
     anchor = torch.zeros(tiling.anchor_nbytes, dtype=torch.uint8)
     residual = torch.zeros(tiling.residual_nbytes, dtype=torch.uint8)
@@ -303,7 +319,8 @@ def compress(k: torch.Tensor, v: torch.Tensor, config: LynxConfig | None = None,
     peak = ctypes.c_uint32()
     rc = library(buffer_num).lynx_host_compress(
         _DTYPES[k.dtype], min(block_dim, tiling.num_work), int(reverse_blocks), _ptr(k), _ptr(v),
-        _ptr(thr[0]), _ptr(thr[1]), _ptr(sig), _ptr(anchor), _ptr(residual), tiling.raw, peak, err, len(err))
+        _ptr(thr[0]), _ptr(thr[1]), _ptr(split[0]), _ptr(split[1]), _ptr(sig), _ptr(anchor), _ptr(residual),
+        tiling.raw, peak, err, len(err))
     _check(rc, err, "Ascend C compress (host build)")
     return anchor, residual
 
@@ -380,12 +397,12 @@ def decompress_paged(anchor: torch.Tensor, residual: torch.Tensor | None, k_cach
 
 def _run_decompress(cfg, tiling, anchor, residual, k_out, v_out, slots, dtype, block_dim, buffer_num,
                     reverse_blocks) -> None:
-    lv = [kernel_tables(cfg, w, "levels") for w in "kv"]
+    mags = [kernel_tables(cfg, w, "magnitudes") for w in "kv"]
     err = ctypes.create_string_buffer(1024)
     peak = ctypes.c_uint32()
     rc = library(buffer_num).lynx_host_decompress(
         _DTYPES[dtype], min(block_dim, tiling.num_work), int(reverse_blocks), _ptr(anchor), _ptr(residual),
-        _ptr(lv[0]), _ptr(lv[1]), _ptr(k_out), _ptr(v_out), _ptr(slots), tiling.raw, peak, err, len(err))
+        _ptr(mags[0]), _ptr(mags[1]), _ptr(k_out), _ptr(v_out), _ptr(slots), tiling.raw, peak, err, len(err))
     _check(rc, err, "Ascend C decompress (host build)")
 
 
@@ -502,26 +519,27 @@ class _NpuKernels:
         t = torch.empty(TABLE_SIZE, device="meta")
         sig = self._sigma_levels(cfg, "meta")
         try:  # the Meta implementation runs the same host tiling as the NPU one
-            self.ops.compress(x, x, t, t, sig, *self._compress_args(cfg))
+            self.ops.compress(x, x, t, t, t, t, sig, *self._compress_args(cfg))
         except RuntimeError as e:
             return str(e)
         return None
 
     def compress(self, k, v, config):
         thr = self._table_pair(config, "thresholds", k.device)
+        split = self._table_pair(config, "split", k.device)
         sig = self._sigma_levels(config, k.device)
-        return self.ops.compress(k, v, *thr, sig, *self._compress_args(config))
+        return self.ops.compress(k, v, *thr, *split, sig, *self._compress_args(config))
 
     def decompress(self, anchor, residual, shape, dtype, config, *, stage="full"):
-        lv = self._table_pair(config, "levels", anchor.device)
+        mags = self._table_pair(config, "magnitudes", anchor.device)
         residual = _stage_residual(stage, residual)
-        return self.ops.decompress(anchor, residual, *lv, *shape, dtype == torch.bfloat16, *self._args(config))
+        return self.ops.decompress(anchor, residual, *mags, *shape, dtype == torch.bfloat16, *self._args(config))
 
     def decompress_paged(self, anchor, residual, k_cache, v_cache, slot_mapping, num_tokens, config, *,
                          stage="full"):
-        lv = self._table_pair(config, "levels", anchor.device)
+        mags = self._table_pair(config, "magnitudes", anchor.device)
         residual = _stage_residual(stage, residual)
-        self.ops.decompress_paged(anchor, residual, *lv, k_cache, v_cache, slot_mapping, num_tokens,
+        self.ops.decompress_paged(anchor, residual, *mags, k_cache, v_cache, slot_mapping, num_tokens,
                                   *self._args(config))
 
 

@@ -143,14 +143,44 @@ def test_mean_random_inputs_differ_only_by_mean_rounding(host_build, grid, dtype
             total_chunks += bad.numel()
     assert off_chunks <= MAX_MEAN_ULP_RATE * total_chunks, (off_chunks, total_chunks)
 
-    # the kernel's stream decodes (with the reference decoder) within one quantization step
+    # the kernel's stream decodes (with the reference decoder) within one quantization step: the
+    # largest gap between adjacent reconstruction levels of the tensor's full stage, i.e. of its
+    # magnitude table (payload format 8: the end cells' half codes lie between the levels)
     got_k, got_v = codec.decode(EncodedLynx(shape, dtype, codec.stages, cfg, anchor, residual), "full")
     want_k, want_v = codec.decode(ref, "full")
-    step = float((lynx_tables.levels(max(cfg.alpha_k, cfg.alpha_v), cfg.y_max("k")).diff()).max())
-    for got, want, x in ((got_k, want_k, k), (got_v, want_v, v)):
+    for w, got, want, x in (("k", got_k, want_k, k), ("v", got_v, want_v, v)):
+        mags = lynx_tables.magnitudes(cfg.alpha(w), cfg.y_max(w), cfg.residual_bits(w))
+        step = float(mags.unique().diff().max())            # unique() sorts
+        assert 0 < step <= float(lynx_tables.levels(cfg.alpha(w), cfg.y_max(w)).diff().max())
         span = (x.float().amax(dim=1) - x.float().amin(dim=1)).max()  # largest page scale bound
         err = (got.float() - want.float()).abs().max()
-        assert err <= step * span + 2 ** -7 * x.float().abs().max(), (err, step * span)
+        assert err <= step * span + 2 ** -7 * x.float().abs().max(), (w, err, step * span)
+
+
+@pytest.mark.parametrize("split", [{}, {"anchor_bits": 6, "v_anchor_bits": 3}, {"anchor_bits": 2, "v_anchor_bits": 7}],
+                         ids=_ids)
+def test_end_cells_use_every_residual_field(host_build, split):
+    """Payload format 8: in the end cells (anchor magnitude 0 and top) the kernel's residual
+    fields take all 2^r values (the half codes h = |xf| >= split[I] of each code, and the anchor's
+    own level), and equal the reference's; the middle cells keep the signed offset (m << r) - I."""
+    codec = LynxCodec("default", **split)
+    cfg = codec.config
+    shape = (2, 600, 64)
+    k, v = random_kv(*shape, torch.bfloat16, seed=3)
+    ref = codec.encode(k, v)
+    anchor, residual = host_build.compress(k, v, cfg)
+    assert torch.equal(anchor, ref.anchor) and torch.equal(residual, ref.residual)
+    for w in "kv":
+        r, top = cfg.residual_bits(w), cfg.y_max(w) >> cfg.residual_bits(w)
+        views = [vs[w] for _, vs in page_views(cfg, anchor, residual, shape, torch.bfloat16)]
+        a = torch.cat([view.anchor for view in views])
+        m = torch.where(a < 0, -a - 1, a)
+        field = torch.cat([view.residual for view in views]) & ((1 << r) - 1)
+        for cell in (0, top):
+            assert set(field[m == cell].tolist()) == set(range(1 << r)), (w, cell)
+        if top > 1:  # middle cells: d = (m << r) - I in [-2^(r-1), 2^(r-1) - 1], every value used
+            mid = (m > 0) & (m < top)
+            assert set(field[mid].tolist()) == set(range(1 << r)), w
 
 
 # (preset, overrides): K per channel / V per token (the default), both per channel with chunks of

@@ -41,16 +41,17 @@ def test_npu_compress_and_decompress_match_the_reference(npu_ops, dtype, center,
     args = (cfg.page_size, cfg.chunk("k"), cfg.chunk("v"), cfg.bits("k"), cfg.bits("v"), axes[cfg.k_axis],
             axes[cfg.v_axis], cfg.num_sink_tokens)
     thr = [kernel_tables(cfg, w, "thresholds").npu() for w in "kv"]
-    lv = [kernel_tables(cfg, w, "levels").npu() for w in "kv"]
+    split_thr = [kernel_tables(cfg, w, "split").npu() for w in "kv"]  # payload format 8's end cells
+    mags = [kernel_tables(cfg, w, "magnitudes").npu() for w in "kv"]
     sig = kernel_tables(cfg, "k", "sigma_levels").npu() if grid == "byte" else None
-    a, r = npu_ops.compress(k.npu(), v.npu(), *thr, sig, *args, {"mean": 0, "midrange": 1}[center],
+    a, r = npu_ops.compress(k.npu(), v.npu(), *thr, *split_thr, sig, *args, {"mean": 0, "midrange": 1}[center],
                             {"float16": 0, "byte": 1}[grid])
     if center == "midrange":  # no addition order: identical bytes, as in the host-build test
         assert torch.equal(a.cpu(), ref.anchor) and torch.equal(r.cpu(), ref.residual)
     else:
         mismatch = (a.cpu() != ref.anchor).float().mean().item()
         assert mismatch < 1e-3  # same rule as the host-build test: only rounded means may differ
-    ko, vo = npu_ops.decompress(ref.anchor.npu(), ref.residual.npu(), *lv, 4, 1100, 128,
+    ko, vo = npu_ops.decompress(ref.anchor.npu(), ref.residual.npu(), *mags, 4, 1100, 128,
                                 dtype == torch.bfloat16, *args)
     want_k, want_v = codec.decode(ref, "full")
     assert torch.equal(ko.cpu(), want_k) and torch.equal(vo.cpu(), want_v)

@@ -160,6 +160,30 @@ def test_the_byte_grid_plans_the_sigma_level_table_for_compress_only(host_build,
         assert b.ub_bytes - a.ub_bytes == (256 * 4 if mode == 0 else 0), mode
 
 
+@pytest.mark.parametrize("split", [(4, 4), (6, 3), (2, 7)])
+def test_kernel_tables_are_the_reference_tables_padded(host_build, split):
+    """The 128-entry tables the kernels take (payload format 8): thresholds and the end cells'
+    split thresholds padded with +inf (compress), the magnitudes of (m << r) | field, exactly
+    128 for every split (decompress); the old levels table is no kernel input any more."""
+    from lynx_npu.codec import lynx_tables
+
+    cfg = LynxConfig(anchor_bits=split[0], v_anchor_bits=split[1], alpha_v=20.0)
+    for w in "kv":
+        a, y, r = cfg.alpha(w), cfg.y_max(w), cfg.residual_bits(w)
+        for kind, want, fill in (("thresholds", lynx_tables.thresholds(a, y), float("inf")),
+                                 ("split", lynx_tables.split_thresholds(a, y, r), float("inf")),
+                                 ("magnitudes", lynx_tables.magnitudes(a, y, r), None)):
+            got = host_build.kernel_tables(cfg, w, kind)
+            assert got.dtype == torch.float32 and got.shape == (host_build.TABLE_SIZE,) and got.is_contiguous()
+            assert torch.equal(got[:want.numel()], want), (w, kind)
+            if fill is None:
+                assert want.numel() == host_build.TABLE_SIZE  # (top + 1) << r = 2^(a - 1 + r)
+            else:
+                assert bool((got[want.numel():] == fill).all())
+    with pytest.raises(ValueError, match="kind='levels'"):
+        host_build.kernel_tables(cfg, "k", "levels")
+
+
 def test_too_wide_heads_for_one_chunk_of_rows_are_refused(host_build):
     with pytest.raises(ValueError, match="head_dim=512 with chunk_size=32 does not fit"):
         host_build.make_tiling(LynxConfig(center="mean"), 1, 300, 512, torch.bfloat16)

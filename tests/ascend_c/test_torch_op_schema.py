@@ -32,7 +32,8 @@ def test_meta_shapes_match_the_reference_streams(host_build, shape, center, grid
     meta = dict(device="meta")
     thr = torch.empty(128, **meta)
     sig = torch.empty(256, **meta) if grid == "byte" else None
-    a, r = torch.ops.lynx_ascend.compress(k.to(**meta), v.to(**meta), thr, thr, sig, *_compress_args(codec.config))
+    a, r = torch.ops.lynx_ascend.compress(k.to(**meta), v.to(**meta), thr, thr, thr, thr, sig,
+                                          *_compress_args(codec.config))
     assert (a.dtype, a.shape, r.shape) == (torch.uint8, enc.anchor.shape, enc.residual.shape)
     ko, vo = torch.ops.lynx_ascend.decompress(a, r, thr, thr, *shape, True, *_codec_args(codec.config))
     assert ko.shape == vo.shape == shape and ko.dtype == torch.bfloat16
@@ -42,11 +43,19 @@ def test_meta_shapes_match_the_reference_streams(host_build, shape, center, grid
                                            *_codec_args(codec.config))
 
 
-def test_compress_takes_the_sigma_levels_and_the_scalar_grid(host_build):
+def test_compress_takes_the_split_thresholds_sigma_levels_and_the_scalar_grid(host_build):
     host_build.load_op_schema()
     names = [a.name for a in torch.ops.lynx_ascend.compress.default._schema.arguments]
-    assert names[:5] == ["k", "v", "k_thresholds", "v_thresholds", "sigma_levels"]
+    assert names[:7] == ["k", "v", "k_thresholds", "v_thresholds", "k_split", "v_split", "sigma_levels"]
     assert names[-2:] == ["center", "scalar_grid"]
+
+
+@pytest.mark.parametrize("op", ["decompress", "decompress_paged"])
+def test_decompress_takes_the_magnitude_tables(host_build, op):
+    """Payload format 8: the decoder reads magnitudes[(m << r) | field], not levels[...]."""
+    host_build.load_op_schema()
+    names = [a.name for a in getattr(torch.ops.lynx_ascend, op).default._schema.arguments]
+    assert names[2:4] == ["k_magnitudes", "v_magnitudes"]
 
 
 @pytest.mark.parametrize("op", ["compress", "decompress", "decompress_paged"])
@@ -64,24 +73,25 @@ def test_schema_rejects_unsupported_requests_and_has_no_cpu_kernel(host_build):
     x = torch.empty(2, 10, 24, dtype=torch.float16, device="meta")
     thr = torch.empty(128, device="meta")
     with pytest.raises(RuntimeError, match="head_dim=24"):
-        torch.ops.lynx_ascend.compress(x, x, thr, thr, None, *args)
+        torch.ops.lynx_ascend.compress(x, x, thr, thr, thr, thr, None, *args)
     y = torch.empty(2, 10, 32, dtype=torch.float16, device="meta")
     with pytest.raises(RuntimeError, match="center=2"):
-        torch.ops.lynx_ascend.compress(y, y, thr, thr, None, *args[:-2], 2, 0)
+        torch.ops.lynx_ascend.compress(y, y, thr, thr, thr, thr, None, *args[:-2], 2, 0)
     with pytest.raises(RuntimeError, match=r"scalar_grid=2 must be 0 \(float16\) or 1 \(byte\)"):
-        torch.ops.lynx_ascend.compress(y, y, thr, thr, None, *args[:-1], 2)
+        torch.ops.lynx_ascend.compress(y, y, thr, thr, thr, thr, None, *args[:-1], 2)
     byte = _compress_args(LynxCodec(scalar_grid="byte").config)
     with pytest.raises(RuntimeError, match="needs the sigma_levels table"):
-        torch.ops.lynx_ascend.compress(y, y, thr, thr, None, *byte)
+        torch.ops.lynx_ascend.compress(y, y, thr, thr, thr, thr, None, *byte)
     with pytest.raises(RuntimeError, match=r"sigma_levels must be a contiguous float32 \[256\] table"):
-        torch.ops.lynx_ascend.compress(y, y, thr, thr, thr, *byte)
+        torch.ops.lynx_ascend.compress(y, y, thr, thr, thr, thr, thr, *byte)
     z = torch.empty(2, 10, 64, dtype=torch.float16, device="meta")
     with pytest.raises(RuntimeError, match="head_dim=64 must be a multiple of v_chunk_size=48"):
-        torch.ops.lynx_ascend.compress(z, z, thr, thr, None, *_compress_args(LynxCodec(v_chunk_size=48, scalar_grid="float16").config))
+        torch.ops.lynx_ascend.compress(z, z, thr, thr, thr, thr, None,
+                                       *_compress_args(LynxCodec(v_chunk_size=48, scalar_grid="float16").config))
     bad = list(args)
     bad[4] = 8  # v_anchor_bits (LynxConfig refuses it itself)
     with pytest.raises(RuntimeError, match="v_anchor_bits=8 must be in"):
-        torch.ops.lynx_ascend.compress(y, y, thr, thr, None, *bad)
+        torch.ops.lynx_ascend.compress(y, y, thr, thr, thr, thr, None, *bad)
     k, v = random_kv(2, 10, 32, torch.float16)
     with pytest.raises(NotImplementedError):
-        torch.ops.lynx_ascend.compress(k, v, torch.zeros(128), torch.zeros(128), None, *args)
+        torch.ops.lynx_ascend.compress(k, v, *[torch.zeros(128)] * 4, None, *args)
