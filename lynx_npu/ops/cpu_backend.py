@@ -53,7 +53,7 @@ _LOCK = threading.Lock()
 
 
 class _Table(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_void_p) for n in ("thresholds", "levels", "bucket")] + [
+    _fields_ = [(n, ctypes.c_void_p) for n in ("thresholds", "split", "magnitudes", "bucket")] + [
         (n, ctypes.c_int64) for n in ("shift", "key_lo", "num_probes", "token_axis", "chunk",
                                       "anchor_bits", "residual_bits", "bias", "y_max")]
 
@@ -180,7 +180,7 @@ def _open(path: pathlib.Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.lynx_cpu_abi.restype = ctypes.c_int64
     lib.lynx_cpu_abi.argtypes = [ctypes.c_int64]
-    want = {0: 5, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
+    want = {0: 6, 1: NUM_FIELDS, 2: ctypes.sizeof(_Params), 3: ctypes.sizeof(_Dest)}
     for what, value in want.items():
         got = lib.lynx_cpu_abi(what)
         if got != value:
@@ -252,10 +252,11 @@ def _cached_params(cfg, num_kv_heads: int, head_dim: int, dtype, num_threads: in
         # A token-axis chunk longer than head_dim is one short chunk per row, the same bytes as a
         # chunk of head_dim (the mean's tree only gains zeros): pass that, the fast paths' form.
         chunk = min(cfg.chunk(which), head_dim) if token_axis else cfg.chunk(which)
-        p.t[i] = _Table(tabs["thresholds"][i].data_ptr(), tabs["levels"][i].data_ptr(),
-                        tabs["bucket32"][i].data_ptr(), t.shift, t.key_lo, t.num_probes,
-                        int(token_axis), chunk, cfg.bits(which), cfg.residual_bits(which),
-                        cfg.bias(which), cfg.y_max(which))
+        p.t[i] = _Table(tabs["thresholds"][i].data_ptr(), tabs["split"][i].data_ptr(),
+                        tabs["magnitudes"][i].data_ptr(), tabs["bucket32"][i].data_ptr(),
+                        t.shift, t.key_lo, t.num_probes, int(token_axis), chunk,
+                        cfg.bits(which), cfg.residual_bits(which), cfg.bias(which),
+                        cfg.y_max(which))
     return p, tabs
 
 

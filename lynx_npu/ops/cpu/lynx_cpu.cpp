@@ -10,7 +10,10 @@
 // mu is its f16, or on the byte grid (scalar_grid "byte") the nearest multiple of 1/256, and
 // sigma the f16 of max |xn - mu|, or the smallest byte-grid level >= it (a binary search per
 // chunk over Params::sigma_levels).
-// Codes: bucket lookup + threshold probes (lynx_npu/ops/tables.py), exact.
+// Codes: bucket lookup + threshold probes (lynx_npu/ops/tables.py), exact; the residual field
+// is d = (m << r) - I in a middle anchor cell, 2 d + 1 - (|xf| >= split[I]) in the end cells
+// m = 0 and m = top (payload format 8, lynx_tables "the end cells"). Decode reads
+// magnitudes[(m << r) | field] (field 0 in the anchor stage).
 // Work items: compress = (page, K|V) so each item writes one contiguous byte range;
 // decompress = (page, K|V, head).
 // On CPUs with AVX-512 (F, BW, VL) the common shapes take the fast paths of
@@ -48,7 +51,8 @@ constexpr uint32_t ONE_BITS = 0x3F800000u;
 // v_anchor_bits).
 struct Table {
   const float* thresholds;  // [128 + 2], +inf padded
-  const float* levels;      // [128]
+  const float* split;       // [128] end cells' split thresholds, +inf elsewhere (h = 0)
+  const float* magnitudes;  // [128] decoded |xf| at (m << r) | residual field
   const int32_t* bucket;
   int64_t shift, key_lo, num_probes, token_axis;
   int64_t chunk;  // values per chunk; on the token axis at most head_dim (cpu_backend.py)
@@ -510,13 +514,24 @@ void put_rows(const raw* tile, const int64_t* at, int64_t n, int64_t D, raw* out
 #include "lynx_cpu_avx512.h"
 #endif
 
+// The residual field of code I = code with anchor magnitude m and |xf| = av (low r bits kept
+// by the packing): d = (m << r) - I in a middle cell, 2 d + 1 - h in an end cell (m == 0 or
+// top), h = av >= split[I]; split is +inf in the middle cells, so h needs no mask there.
+// (split not __restrict: with it GCC 12 leaves quantize_codes' loop unvectorized.)
+inline int8_t residual_field(int code, int m, int rb, int top, float av, const float* split) {
+  const int d = (m << rb) - code;
+  const int end = -(int)((m == 0) | (m == top));
+  return (int8_t)(d + ((d + 1) & end) - (av >= split[code] ? 1 : 0));
+}
+
 // Codes of xf[0..n): anchor and residual (signed, not yet packed). Written so that GCC
-// vectorizes it (gathers from the int32 bucket table and the thresholds).
+// vectorizes it (gathers from the int32 bucket table, the thresholds and the split table).
 void quantize_codes(const float* __restrict xf, int64_t n, const Table& tb,
                     int8_t* __restrict a, int8_t* __restrict r) {
   const int shift = (int)tb.shift, key_lo = (int)tb.key_lo, rb = (int)tb.residual_bits;
-  const int bias = (int)tb.bias;
+  const int bias = (int)tb.bias, top = (int)(tb.y_max >> rb);
   const float* __restrict thr = tb.thresholds;
+  const float* __restrict split = tb.split;
   const int32_t* __restrict bucket = tb.bucket;
   const int64_t probes = tb.num_probes;
   int64_t i0 = 0;
@@ -542,7 +557,7 @@ void quantize_codes(const float* __restrict xf, int64_t n, const Table& tb,
       int code = bucket[key];
       code += thr[code] <= av ? 1 : 0;
       const int m = (code + bias) >> rb;
-      r[i] = (int8_t)((m << rb) - code);
+      r[i] = residual_field(code, m, rb, top, av, split);
       a[i] = (int8_t)(m ^ (x < 0.0f ? -1 : 0));  // -m - 1 == ~m
     }
     return;
@@ -558,7 +573,7 @@ void quantize_codes(const float* __restrict xf, int64_t n, const Table& tb,
     int code = bucket[key];
     for (int64_t j = 0; j < probes; ++j) code += thr[code] <= av ? 1 : 0;
     const int m = (code + bias) >> rb;
-    r[i] = (int8_t)((m << rb) - code);
+    r[i] = residual_field(code, m, rb, top, av, split);
     a[i] = (int8_t)(m ^ (x < 0.0f ? -1 : 0));
   }
 }
@@ -775,26 +790,29 @@ bool compress_item(const Params& p, int which, const int64_t* row, const typenam
   return finite;
 }
 
-// One row of D values: codes -> float32 (the reference's op order) -> the KV dtype.
+// One row of D values: codes -> float32 (the reference's op order) -> the KV dtype. |xf| =
+// mags[(m << r) | field], field = the residual's low r bits (ir sign-extended; 0: anchor stage);
+// m <= top, so the index stays below the table's 128 entries.
 template <typename Conv>
 void decode_row(const int32_t* __restrict ia, const int32_t* __restrict ir,
-                const float* __restrict lv, int rb, int ymax, const float* __restrict sig,
+                const float* __restrict mags, int rb, const float* __restrict sig,
                 const float* __restrict mu, const float* __restrict scale,
                 const float* __restrict gmin, typename Conv::raw* __restrict out, int64_t D) {
+  const int32_t rmask = (1 << rb) - 1;
   int64_t d = 0;
 #if defined(LYNX_AVX512)
-  const Levels512 levels(lv);
+  const Levels512 table(mags);
   const __m128i sh = _mm_cvtsi32_si128(rb);
-  const __m512i vmax = _mm512_set1_epi32(ymax), zero = _mm512_setzero_si512();
+  const __m512i vmask = _mm512_set1_epi32(rmask);
   const __m512i sign = _mm512_set1_epi32((int32_t)0x80000000u);
   for (; d + 16 <= D; d += 16) {
     const __m512i a = _mm512_loadu_si512(ia + d);
     const __m512i neg = _mm512_srai_epi32(a, 31);
     const __m512i m = _mm512_xor_si512(a, neg);
-    __m512i code = _mm512_sub_epi32(_mm512_sll_epi32(m, sh), _mm512_loadu_si512(ir + d));
-    code = _mm512_min_epi32(_mm512_max_epi32(code, zero), vmax);
+    const __m512i idx = _mm512_ternarylogic_epi32(_mm512_sll_epi32(m, sh),  // a | (b & c)
+                                                  _mm512_loadu_si512(ir + d), vmask, 0xf8);
     const __m512 xf = _mm512_castsi512_ps(_mm512_xor_si512(
-        _mm512_castps_si512(levels.get(code)), _mm512_and_si512(neg, sign)));
+        _mm512_castps_si512(table.get(idx)), _mm512_and_si512(neg, sign)));
     const __m512 xn = _mm512_add_ps(_mm512_mul_ps(xf, _mm512_loadu_ps(sig + d)),
                                     _mm512_loadu_ps(mu + d));
     const __m512 x = _mm512_add_ps(_mm512_mul_ps(xn, _mm512_loadu_ps(scale + d)),
@@ -806,9 +824,7 @@ void decode_row(const int32_t* __restrict ia, const int32_t* __restrict ir,
     const int32_t a = ia[d];
     const int32_t neg = a >> 31;  // -1 for negative anchors
     const int32_t m = a ^ neg;     // -a - 1 == ~a
-    int32_t code = (m << rb) - ir[d];
-    code = code < 0 ? 0 : (code > ymax ? ymax : code);
-    const float mag = lv[code];
+    const float mag = mags[(m << rb) | (ir[d] & rmask)];
     uint32_t mb;
     std::memcpy(&mb, &mag, 4);
     mb ^= (uint32_t)neg & 0x80000000u;  // -mag, as torch.where(neg, -mag, mag)
@@ -875,7 +891,7 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
   const bool token_axis = tb.token_axis != 0;
   const int64_t nct = (tp + C - 1) / C, ncd = (D + C - 1) / C;
   const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
-  const int rb = (int)tb.residual_bits, ab = (int)tb.anchor_bits, ymax = (int)tb.y_max;
+  const int rb = (int)tb.residual_bits, ab = (int)tb.anchor_bits;
   std::vector<float> gmin(D), scale(D), mu(D), sig(D);
   std::vector<int32_t>& ia = s.ia;
   std::vector<int32_t>& ir = s.ir;
@@ -922,7 +938,7 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
         unpack(residual + row[F_RES + which], e0 * rb, D, rb, ir.data());
       else
         std::fill(ir.begin(), ir.end(), 0);
-      decode_row<Conv>(ia.data(), ir.data(), tb.levels, rb, ymax, sig.data(), mu.data(),
+      decode_row<Conv>(ia.data(), ir.data(), tb.magnitudes, rb, sig.data(), mu.data(),
                        scale.data(), gmin.data(), tile + i * D, D);
     }
     if (dtl.on())
@@ -988,7 +1004,7 @@ extern "C" {
 // Layout constants the Python side checks before the first call.
 int64_t lynx_cpu_abi(int64_t what) {
   switch (what) {
-    case 0: return 5;  // ABI version (5: the byte scalar grid, in Params)
+    case 0: return 6;  // ABI version (6: the end cells' split / magnitude tables, in Table)
     case 1: return NUM_FIELDS;
     case 2: return (int64_t)sizeof(Params);
     case 3: return (int64_t)sizeof(Dest);

@@ -11,13 +11,15 @@
 // chunk of C tokens on the channel axis, ~8 KB on the token axis) the rows are normalised into
 // an L1 tile, the chunk statistics follow (token-axis chunks four at a time, through a
 // transposing shuffle tree), then the codes, four registers at a time so that four searches
-// overlap; the 4 + 4 split's nibbles are packed in registers, other splits through pack().
+// overlap (the end cells' residual costs one more permute and compare: Split512); the 4 + 4
+// split's nibbles are packed in registers, other splits through pack().
 // The two normalising multiplications (by 1 / scale, 1 / sigma) and the searches bound it.
 // K and V each have their own split (Table), so each takes the paths of its own.
 // Decompress (4 + 4 split) reads 16 bytes of each stream per 32 values and decodes the even and
-// the odd values of the group in two registers, so nibbles never need reordering; bf16 / f16
-// results are interleaved on the way out. Token-contiguous paged K (vLLM CPU) is decoded into a
-// tile and written by 16 x 16 transposes.
+// the odd values of the group in two registers (|x| = magnitudes[(m << 4) | residual nibble],
+// 4 permutes), so nibbles never need reordering; bf16 / f16 results are interleaved on the way
+// out. Token-contiguous paged K (vLLM CPU) is decoded into a tile and written by 16 x 16
+// transposes.
 
 // ---- 16 values of the KV dtype <-> float32 -------------------------------------------------
 template <typename Conv>
@@ -208,27 +210,79 @@ struct SegSearch512 {
   }
 };
 
+// t[k] of a 128-float table (magnitudes, or the coder's split values) for 16 indices k (bits
+// 0..6 used, higher bits ignored): 4 two-register permutes + 3 blends.
+struct Levels512 {
+  __m512 l[8];
+  explicit Levels512(const float* lv) {
+    for (int i = 0; i < 8; ++i) l[i] = _mm512_loadu_ps(lv + 16 * i);
+  }
+  inline __m512 get(__m512i code) const {
+    const __mmask16 b5 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(32));
+    const __mmask16 b6 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(64));
+    const __m512 q0 = _mm512_permutex2var_ps(l[0], code, l[1]);
+    const __m512 q1 = _mm512_permutex2var_ps(l[2], code, l[3]);
+    const __m512 q2 = _mm512_permutex2var_ps(l[4], code, l[5]);
+    const __m512 q3 = _mm512_permutex2var_ps(l[6], code, l[7]);
+    return _mm512_mask_blend_ps(b6, _mm512_mask_blend_ps(b5, q0, q1),
+                                _mm512_mask_blend_ps(b5, q2, q3));
+  }
+};
+
+// The end cells' split values (Table::split) by j = (I + bias) mod 2^(r+1): I's place in cell 0
+// (j < 2^r) or in the top cell (j >= 2^r, as top is odd). The table repeats with period
+// 2^(r+1), so a lookup takes I + bias as it is: one permute (its low 5 bits) for r <= 4, not a
+// 128-entry lookup. Middle-cell codes land on the same j's: the coder masks them.
+struct Split512 {
+  Levels512 t;
+  bool wide;  // r >= 5: a period over 32 entries, the full lookup
+  static Levels512 build(const Table& tb) {
+    alignas(64) float c[128];
+    const int64_t n = int64_t(1) << tb.residual_bits;
+    for (int64_t k = 0; k < 128; ++k) {
+      const int64_t j = k & (2 * n - 1);
+      const int64_t i = j < n ? j - tb.bias : tb.y_max + (j - n) - tb.bias;  // the code at j
+      c[k] = i >= 0 && i <= tb.y_max ? tb.split[i] : INFINITY;  // +inf: no end-cell code
+    }
+    return Levels512(c);
+  }
+  explicit Split512(const Table& tb) : t(build(tb)), wide(tb.residual_bits >= 5) {}
+};
+
 // Anchor and residual codes of xf, as quantize_codes: N registers (16 values each) at a time.
 // code<N>(xf, a, r): signed int8 codes to a[0..16N), r[0..16N). code4_packed44: the 4 + 4
 // split's 64 codes packed straight into 32 anchor and 32 residual bytes.
 template <typename Search>
 struct Coder512T {
   Search search;
-  __m512i bias;
+  Split512 split;
+  __m512i bias, top1;  // top1 = top - 1
   __m128i shift;
   Coder512T(const Search& s, const Table& tb)
-      : search(s), bias(_mm512_set1_epi32((int)tb.bias)),
+      : search(s), split(tb), bias(_mm512_set1_epi32((int)tb.bias)),
+        top1(_mm512_set1_epi32((int)(tb.y_max >> tb.residual_bits) - 1)),
         shift(_mm_cvtsi32_si128((int)tb.residual_bits)) {}
-  // m and res of N registers; m is already ~m (-m - 1) for negative xf.
+  // m and res of N registers; m is already ~m (-m - 1) for negative xf. res: d = (m << r) - I
+  // in a middle cell, d + (d + !h) = 2 d + 1 - h in an end cell (m - 1 >= top - 1 unsigned).
   template <int N>
   inline void codes(const __m512* xf, __m512i* m, __m512i* res) const {
     __m512 ax[N];
     for (int i = 0; i < N; ++i) ax[i] = abs16(xf[i]);
-    __m512i code[N];
+    __m512i code[N], ib[N];
     search.template count<N>(ax, code);
+    __m512 sv[N];
+    for (int i = 0; i < N; ++i) ib[i] = _mm512_add_epi32(code[i], bias);
+    if (split.wide)  // per call, not per value
+      for (int i = 0; i < N; ++i) sv[i] = split.t.get(ib[i]);
+    else
+      for (int i = 0; i < N; ++i) sv[i] = _mm512_permutex2var_ps(split.t.l[0], ib[i], split.t.l[1]);
     for (int i = 0; i < N; ++i) {
-      const __m512i mm = _mm512_sra_epi32(_mm512_add_epi32(code[i], bias), shift);
-      res[i] = _mm512_sub_epi32(_mm512_sll_epi32(mm, shift), code[i]);
+      const __m512i mm = _mm512_sra_epi32(ib[i], shift);
+      const __m512i d = _mm512_sub_epi32(_mm512_sll_epi32(mm, shift), code[i]);
+      const __m512i one = _mm512_set1_epi32(1);
+      const __mmask16 below = _mm512_cmp_ps_mask(ax[i], sv[i], _CMP_NGE_UQ);  // !h
+      const __mmask16 end = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(mm, one), top1);
+      res[i] = _mm512_mask_add_epi32(d, end, d, _mm512_mask_add_epi32(d, below, d, one));
       const __mmask16 neg = _mm512_cmp_ps_mask(xf[i], _mm512_setzero_ps(), _CMP_LT_OQ);
       m[i] = _mm512_mask_xor_epi32(mm, neg, mm, _mm512_set1_epi32(-1));
     }
@@ -267,25 +321,6 @@ struct Coder512T {
   inline void operator()(__m512 x, int8_t* a, int8_t* r) const { code<1>(&x, a, r); }
 };
 using Coder512 = Coder512T<Search512>;
-
-// levels[code] for 16 codes (bits 0..6 used, higher bits ignored): 4 two-register permutes + 3
-// blends.
-struct Levels512 {
-  __m512 l[8];
-  explicit Levels512(const float* lv) {
-    for (int i = 0; i < 8; ++i) l[i] = _mm512_loadu_ps(lv + 16 * i);
-  }
-  inline __m512 get(__m512i code) const {
-    const __mmask16 b5 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(32));
-    const __mmask16 b6 = _mm512_test_epi32_mask(code, _mm512_set1_epi32(64));
-    const __m512 q0 = _mm512_permutex2var_ps(l[0], code, l[1]);
-    const __m512 q1 = _mm512_permutex2var_ps(l[2], code, l[3]);
-    const __m512 q2 = _mm512_permutex2var_ps(l[4], code, l[5]);
-    const __m512 q3 = _mm512_permutex2var_ps(l[6], code, l[7]);
-    return _mm512_mask_blend_ps(b6, _mm512_mask_blend_ps(b5, q0, q1),
-                                _mm512_mask_blend_ps(b5, q2, q3));
-  }
-};
 
 // ---- reductions ----------------------------------------------------------------------------
 // Four vectors -> one whose 128-bit block q holds op-reduce(v[q]) in every lane.
@@ -774,22 +809,18 @@ bool compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
 }
 
 // ---- decompress ----------------------------------------------------------------------------
-// Decode tables of the 4 + 4 split: full[(m << 4) | (residual & 15)] = levels[clamp((m << 4) -
-// residual)] (m = anchor magnitude), anchor[nibble] = the signed anchor-stage value.
+// Decode tables of the 4 + 4 split: full[(m << 4) | residual nibble] = Table::magnitudes (m =
+// anchor magnitude), anchor[nibble] = the signed anchor-stage value.
 struct DecodeTables {
   alignas(64) float full[128];
   alignas(64) float anchor[16];
 };
 
 inline void decode_tables(const Table& tb, DecodeTables& out) {
-  const int ymax = (int)tb.y_max;
-  auto mag = [&](int code) { return tb.levels[code < 0 ? 0 : (code > ymax ? ymax : code)]; };
-  for (int m = 0; m < 8; ++m)
-    for (int rn = 0; rn < 16; ++rn) out.full[m * 16 + rn] = mag((m << 4) - ((rn ^ 8) - 8));
+  std::memcpy(out.full, tb.magnitudes, sizeof(out.full));
   for (int n = 0; n < 16; ++n) {
     const int a = (n ^ 8) - 8, neg = a >> 31, m = a ^ neg;
-    const float v = mag(m << 4);
-    out.anchor[n] = bitsf(fbits(v) ^ ((uint32_t)neg & 0x80000000u));
+    out.anchor[n] = bitsf(fbits(tb.magnitudes[m << 4]) ^ ((uint32_t)neg & 0x80000000u));
   }
 }
 
