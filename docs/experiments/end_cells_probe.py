@@ -1,4 +1,8 @@
-"""Issue 19 (measured 2026-11-29, not built): the full stage's end cells.
+"""Issue 19 (measured 2026-11-29 on payload format 7): the full stage's end cells.
+
+Built since as payload format 8, with other levels (each end-cell code split at its own level;
+docs/codec.md "As built"): this probe patches the format-7 quantizer's codes, so it reproduces
+its JSON only at a format-7 commit (660a1f4).
 
 A 4 + 4 value is a sign and a magnitude code I in [0, 112]; the anchor keeps m = (I + 7) >> 4 and
 the residual the rest, so anchor cell m holds the 16 codes I = 16m - 7 .. 16m + 8, but its two
