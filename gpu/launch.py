@@ -163,7 +163,7 @@ def _supports(cfg, head_dim: int, dtype, *tuning) -> str | None:
         return f"{head_dim=} must be a multiple of 8 (bit-packed rows start on byte boundaries)"
     for which in "kv":
         try:
-            log_search(float(cfg.alpha(which)), cfg.y_max(which), cfg.bias(which))
+            log_search(float(cfg.alpha(which)), cfg.y_max(which), cfg.residual_bits(which))
         except ValueError as e:
             return str(e)
     if cfg.page_size > MAX_PAGE:
@@ -338,7 +338,7 @@ def compress(k: torch.Tensor, v: torch.Tensor, plan: LayerPlan, out=None, rows=N
                     BS=_pow2(cfg.num_sink_tokens), ES=es,
                     A_BITS=cfg.bits(which), R_BITS=cfg.residual_bits(which),
                     BIAS=cfg.bias(which),
-                    ALPHA=search.alpha, SCALE=search.scale, P0=search.p0, EPS=search.eps,
+                    ALPHA=search.alpha, SCALE=search.scale, FLOOR=bool(poly and poly.floor),
                     MIDRANGE=cfg.center == "midrange",
                     TREE=TUNING["compress"]["TREE"], A_WORDS=a_words,
                     R_WORDS=r_words, SEC=plan.section_align, SMEM=_table_in_smem(),

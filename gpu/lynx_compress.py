@@ -44,10 +44,15 @@ independent loads from the 1 KB level table at ``slev_ptr``, which stays in L1, 
 settle it exactly), both exact float16 values (a constexpr branch: the float16 grid's code is
 unchanged);
 xf = RN(RN(xn - mu) * RN(1 / sigma)). Both reciprocals are computed once per channel / chunk.
-Codes: a quadratic in |xf| (small alphas, ops/tables.py ``PolySearch``) or Eq. (3) in float32
-(one lg2.approx, ``LogSearch``) gives I - 1 or I, one float32 threshold from the 1 KB search
-table (in shared memory through tl.gather) settles it exactly; 4+4 fields of 16-bit KV are
-packed with byte permutes in inline PTX (``_pack44``), else from byte words with word masks.
+Codes, the full stage's end cells included (lynx_ref: an end cell's code I is split at its
+level, h = |xf| >= split[I]): a quadratic in |xf| (small alphas, ops/tables.py ``PolySearch``)
+or Eq. (3) in float32 (one lg2.approx, ``LogSearch``) estimates 2y, the count F of half-step
+thresholds <= |xf| (I = (F + 1) >> 1, h = 1 - (F & 1)), within one; one threshold from the
+search table (in shared memory through tl.gather) settles it exactly. 4+4 fields of 16-bit KV
+(``_codes`` PRMT): the comparison leaves F + 16 / F + 15 in a byte, and byte permutes and word
+operations in inline PTX decode four of them at once into anchor and residual nibbles and pack
+them (``_pack44``); else each entry's high word holds the code bytes of both outcomes and the
+comparison picks one, packed from byte words with word masks.
 ``TREE=False`` (benchmarks only) sums the mean with tl.sum instead, to measure what the fixed
 order costs.
 
@@ -96,55 +101,99 @@ INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
-def _codes(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr,
-           EPS: tl.constexpr, BIAS: tl.constexpr, RS: tl.constexpr, SMEM: tl.constexpr,
-           LOW_BYTE: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr):
-    """u = I + BIAS, I = #{thresholds <= |xf|} (int32, exactly searchsorted(thr, |xf|, right)):
-    Eq. (3) in float32 (POLY: the quadratic C1 a + C2 a**2, floored) gives I - 1 or I, one
-    threshold from the search table settles it (ops/tables.py ``LogSearch``, ``PolySearch``).
-    The table is ``tab`` in registers (tl.gather goes through shared memory) if SMEM, else
-    read from global memory. xf: [RS, 8]. LOW_BYTE: only the low byte of u is used, so
-    MAGIC_BITS (whose low 16 bits are 0) is left in: one add less."""
+def _codes(xf, tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, FLOOR: tl.constexpr,
+           RS: tl.constexpr, SMEM: tl.constexpr, PRMT: tl.constexpr, POLY: tl.constexpr,
+           C1: tl.constexpr, C2: tl.constexpr):
+    """The codes of xf [RS, 8] (int32), lynx_ref's end cells included (ops/tables.py, "the GPU
+    compress kernel's code search"): an estimate n of 2y (Eq. (3) doubled: POLY, the quadratic
+    C1 a + C2 a**2 rounded to nearest, or FLOOR toward -inf + 1; else the log, one
+    lg2.approx) is F or F + 1, F = #{half-step thresholds <= |xf|}, and one comparison with
+    the low word of the search table's entry n settles F: d = bits(a) - word, d >> 30 in
+    0 .. -2. Then
+    * PRMT (4 + 4, 16-bit KV): v = n + 16 + (d >> 30) in the low byte (F + 16 in cell 0, F + 15
+      after; the upper bytes as they are), which ``_pack44`` decodes four at a time; the table
+      is the entries' low words (1 KB), the comparison one fused shift-add as before the end
+      cells;
+    * else the code byte (m << R_BITS) | (field ^ bias): byte (d >> 30) & 3 of the entry's high
+      word (one byte permute where PRMT adds).
+    Why not the field from (I, h) per value: ~8 more integer ops a value cost 28% of the
+    H200's compress throughput, 8-byte entries everywhere (twice the shared-memory wavefronts
+    per lookup) 15%; ``_pack44``'s decoding is 2 ops a value. The table is ``tab`` in registers
+    (tl.gather goes through shared memory) if SMEM, else read from global memory."""
+    OFF: tl.constexpr = 16 if PRMT else 0
     a = tl.minimum(tl.abs(xf), 1.0)
     if POLY:
         r = tl.fma(a, C2, C1)
-        if INTERPRET:  # r * a is rounded once more here: far inside PolySearch's margin
-            w = tl.floor(r * a) + (MAGIC + BIAS + 1)
-        else:  # fma rounding toward -inf: floor(r * a) + MAGIC + BIAS + 1 in one op
+        if not FLOOR:  # round(r * a) in the low mantissa bits: one fma
+            w = tl.fma(r, a, tl.full(a.shape, MAGIC + OFF, tl.float32))
+        elif INTERPRET:  # r * a is rounded once more here: far inside PolySearch's margin
+            w = tl.floor(r * a) + (MAGIC + 1 + OFF)
+        else:  # fma rounding toward -inf: floor(r * a) + MAGIC + 1 in one op
             w = tl.inline_asm_elementwise("fma.rm.f32 $0, $1, $2, $3;", "=f,f,f,f",
-                                          [r, a, tl.full(a.shape, MAGIC + BIAS + 1, tl.float32)],
+                                          [r, a, tl.full(a.shape, MAGIC + 1 + OFF, tl.float32)],
                                           dtype=tl.float32, is_pure=True, pack=1)
     else:
-        p = tl.fma(a, ALPHA, P0)
+        p = tl.fma(a, ALPHA, 1.0)
         if INTERPRET:  # numpy log2 (the interpreter has no fast_log2f); the result is the same
             lg = tl.log2(p)
         else:  # lg2.approx (one MUFU op; tl.log2 is libdevice's accurate polynomial)
             lg = libdevice.fast_log2f(p)
-        if EPS == 0:  # biased by P0 < 1: the rounding to an integer is the same fma
-            w = tl.fma(lg, SCALE, MAGIC + BIAS + 1)
+        w = tl.fma(lg, SCALE, MAGIC + OFF)  # round(scale * lg): no bias (LogSearch)
+    wb = w.to(tl.int32, bitcast=True)
+    n = wb - (MAGIC_BITS + OFF)
+    ab = a.to(tl.int32, bitcast=True)  # a and the words stay within 2^30 of each other
+    if PRMT:
+        if SMEM:
+            t = tl.reshape(tl.gather(tab, tl.reshape(n, [RS * 8]), 0), [RS, 8])
         else:
-            w = tl.fma(lg, SCALE, -EPS) + (MAGIC + BIAS + 1)
-    u0 = w.to(tl.int32, bitcast=True) - MAGIC_BITS  # round(y') + BIAS + 1
+            t = tl.load(search_ptr.to(tl.pointer_type(tl.int32)) + 2 * n)
+        return wb + ((ab - t) >> 30)  # (MAGIC_BITS' low 16 bits are 0)
     if SMEM:
-        t = tl.reshape(tl.gather(tab, tl.reshape(u0, [RS * 8]), 0), [RS, 8])
+        e = tl.reshape(tl.gather(tab, tl.reshape(n, [RS * 8]), 0), [RS, 8])
     else:
-        t = tl.load(search_ptr + u0)
-    # a < t (both >= 0: compare the bits) subtracts the 1
-    below = (a.to(tl.int32, bitcast=True) - t.to(tl.int32, bitcast=True)) >> 31
-    if LOW_BYTE:
-        return w.to(tl.int32, bitcast=True) + below
-    else:
-        return u0 + below
+        e = tl.load(search_ptr + n)
+    d = ab - e.to(tl.int32)
+    c = (e >> 32).to(tl.int32)
+    if INTERPRET:
+        return (c >> (((d >> 30) & 3) * 8)) & 255
+    else:  # byte d >>> 30 of c
+        u = tl.inline_asm_elementwise(
+            "{ .reg .b32 s; shr.u32 s, $2, 30; prmt.b32 $0, $1, 0, s; }", "=r,r,r", [c, d],
+            dtype=tl.int32, is_pure=True, pack=1)
+        return u & 255
 
 
 # 4 + 4 packing of one group of 8 codes in PTX (``_pack44``): PRMT gathers the low bytes of the
-# even / odd codes into two words and replicates each value's float32 sign bit into a byte
-# (selector nibbles 0xB / 0xF: byte 3 of the first / second operand, sign-extended), so a
-# value's sign costs a fraction of a byte permute instead of a compare and a predicated xor.
-# Operands: $0 anchor word, $1 residual word (before the bias); $2-$9 the codes u0..u7,
-# $10-$17 the values xf0..xf7 (as int32 bits).
+# even / odd values' v (``_codes``) into two words and replicates each value's float32 sign
+# bit into a byte (selector nibbles 0xB / 0xF: byte 3 of the first / second operand,
+# sign-extended), so a value's sign costs a fraction of a byte permute instead of a compare
+# and a predicated xor. Each word W then decodes four v at once (r = 4, F = 2 I - 1 + h):
+#   anchor m = v >> 5 in every cell: bits 4-6 of h = W >> 1;
+#   residual nibble (field ^ bias): in a middle cell, v = F + 15: I + 7 = v >> 1 (as before
+#   the end cells); in an end cell (field = -F mod 16), F + 7 = v + 7 in cell 0 (v = F + 16;
+#   v = 31 is F = 2^r, which codes as 2^r - 1) and v + 8 in the top cell (v >= 128);
+#   middle: bits 5-7 of v not all equal (cell 0 is v < 32, the top cell v >= 224): (W ^ h)
+#   bits 5 / 6 summed into bit 7 and sign-replicated by one PRMT (selector 0xBA98).
+# Operands: $0 anchor word, $1 residual word (before the bias); $2-$9 v0..v7, $10-$17 the
+# values xf0..xf7 (as int32 bits).
+_DECODE44 = """shr.b32 h, {w}, 1;
+xor.b32 y, {w}, h;
+and.b32 y, y, 0x60606060;
+add.u32 y, y, 0x60606060;
+prmt.b32 y, y, 0, 0xBA98;
+shr.b32 x, {w}, 7;
+and.b32 x, x, 0x01010101;
+add.u32 x, x, {w};
+add.u32 x, x, 0x07070707;
+and.b32 {q}, h, y;
+not.b32 y, y;
+and.b32 x, x, y;
+or.b32 {q}, {q}, x;
+and.b32 {a}, h, 0x70707070;
+xor.b32 {a}, {a}, {s};
+"""
 _PACK44_ASM = tl.constexpr("""{
-.reg .b32 ea, eb, e, oa, ob, o, sa, sb, se, so, t;
+.reg .b32 ea, eb, e, oa, ob, o, sa, sb, se, so, t, h, y, x, qe, qo, ae, ao;
 prmt.b32 ea, $2, $4, 0x0040;
 prmt.b32 eb, $6, $8, 0x0040;
 prmt.b32 e, ea, eb, 0x5410;
@@ -157,28 +206,26 @@ prmt.b32 se, sa, sb, 0x5410;
 prmt.b32 sa, $11, $13, 0x00FB;
 prmt.b32 sb, $15, $17, 0x00FB;
 prmt.b32 so, sa, sb, 0x5410;
-and.b32 se, se, 0xF0F0F0F0;
-xor.b32 e, e, se;
-and.b32 so, so, 0xF0F0F0F0;
-xor.b32 o, o, so;
-shr.b32 t, e, 4;
+""" + _DECODE44.format(w="e", q="qe", a="ae", s="se")
+    + _DECODE44.format(w="o", q="qo", a="ao", s="so") + """
+shr.b32 t, ae, 4;
 and.b32 t, t, 0x0F0F0F0F;
-and.b32 $0, o, 0xF0F0F0F0;
+and.b32 $0, ao, 0xF0F0F0F0;
 or.b32 $0, $0, t;
-shl.b32 t, o, 4;
+shl.b32 t, qo, 4;
 and.b32 t, t, 0xF0F0F0F0;
-and.b32 $1, e, 0x0F0F0F0F;
+and.b32 $1, qe, 0x0F0F0F0F;
 or.b32 $1, $1, t;
 }""")
 _PACK44_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 2 + ["r"] * 16))
 
 
 @triton.jit
-def _pack44(u, xf, RS: tl.constexpr):
-    """(anchor word, residual word before the bias) [RS] of u = I + bias [RS, 8] (only its
-    low byte is read) with the signs of xf [RS, 8] (never -0.0: ``_code_centre``), as
-    ``_store_fields``' 4 + 4 words."""
-    u0, u1, u2, u3, u4, u5, u6, u7 = split_columns(u, RS)
+def _pack44(v, xf, RS: tl.constexpr):
+    """(anchor word, residual word before the bias) [RS] of ``_codes``' v [RS, 8]
+    (only its low byte is read) with the signs of xf [RS, 8] (never -0.0: ``_code_centre``),
+    as ``_store_fields``' 4 + 4 words."""
+    u0, u1, u2, u3, u4, u5, u6, u7 = split_columns(v, RS)
     x0, x1, x2, x3, x4, x5, x6, x7 = split_columns(xf.to(tl.int32, bitcast=True), RS)
     return tl.inline_asm_elementwise(
         _PACK44_ASM, _PACK44_CONSTRAINTS,
@@ -593,22 +640,23 @@ def _sigma_recip(sigma, recip_ptr, TABLE: tl.constexpr):
 
 @triton.jit
 def _encode_rows(xn, mu, isg, grp, gm, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
-                 tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr,
-                 EPS: tl.constexpr, RS: tl.constexpr, A_BITS: tl.constexpr,
+                 tab, search_ptr, ALPHA: tl.constexpr, SCALE: tl.constexpr,
+                 FLOOR: tl.constexpr, RS: tl.constexpr, A_BITS: tl.constexpr,
                  R_BITS: tl.constexpr, BIAS: tl.constexpr,
                  A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, SMEM: tl.constexpr,
                  HINT: tl.constexpr, PACK_ASM: tl.constexpr, POLY: tl.constexpr,
                  C1: tl.constexpr, C2: tl.constexpr):
     """xn (normalised values, any shape of RS*8), ``_code_centre``'s mu (float32) and
     _sigma_recip's isg, all broadcastable -> packed codes of the RS groups ``grp`` (stored
-    where ``gm``), Alg. 1 l.14-18:
-    u = I + bias = (m << R_BITS) | w: the anchor magnitude m is u >> R_BITS (< 2**A_BITS, as
-    I <= y_max), and the residual (m << R_BITS) - I = bias - w equals w ^ bias modulo
-    2**R_BITS (bias = 2**(R_BITS-1) - 1). -m - 1 == ~m: a negative value flips the A_BITS.
-    PACK_ASM (16-bit KV, so that a thread holds each row): 4 + 4 words by ``_pack44``."""
+    where ``gm``), Alg. 1 l.14-18 with the end cells (lynx_ref.quantize):
+    u = (m << R_BITS) | (field ^ bias) from the search table (``_codes``): the anchor magnitude
+    m is u >> R_BITS (< 2**A_BITS), the residual field (u ^ bias) mod 2**R_BITS. (In a middle
+    cell u = I + bias: the field (m << R_BITS) - I = bias - w equals w ^ bias modulo 2**R_BITS,
+    w = u mod 2**R_BITS, bias = 2**(R_BITS-1) - 1.) -m - 1 == ~m: a negative value flips the
+    A_BITS. PACK_ASM (16-bit KV, so that a thread holds each row): 4 + 4 words by ``_pack44``."""
     xf = tl.reshape((xn - mu) * isg, [RS, 8])
     PRMT: tl.constexpr = (A_BITS == 4) & (R_BITS == 4) & A_WORDS & R_WORDS & PACK_ASM
-    u = _codes(xf, tab, search_ptr, ALPHA, SCALE, P0, EPS, BIAS, RS, SMEM, PRMT, POLY, C1, C2)
+    u = _codes(xf, tab, search_ptr, ALPHA, SCALE, FLOOR, RS, SMEM, PRMT, POLY, C1, C2)
     if PRMT:
         anchor, residual = _pack44(u, xf, RS)
         _store_words(anchor, residual ^ (BIAS * 0x11111111), aw_ptr, rw_ptr, codes_off,
@@ -631,7 +679,7 @@ def _code_centre(mu, isg, lo):
 def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
                    prev, ptab_ptr, recip_ptr, slev_ptr,
                    codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr,
-                   ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
+                   ALPHA: tl.constexpr, SCALE: tl.constexpr, FLOOR: tl.constexpr,
                    BT: tl.constexpr, G: tl.constexpr, C: tl.constexpr, CS: tl.constexpr,
                    A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
                    A_WORDS: tl.constexpr, R_WORDS: tl.constexpr, MIDRANGE: tl.constexpr,
@@ -703,7 +751,7 @@ def _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin,
         xn = (tl.reshape(_widen(xk, RS, WORDS), [CS, NC, G, 8]) - gmin) * y
         _encode_rows(xn, mu_c, tl.expand_dims(isg, 0),
                      (h * tp + tr) * (D // 8) + gr // 8, (tr < tp) & (gr < D), a8_ptr, aw_ptr,
-                     r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, P0, EPS,
+                     r8_ptr, rw_ptr, codes_off, res_off, tab, search_ptr, ALPHA, SCALE, FLOOR,
                      RS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, SMEM, HINT, PACK_ASM, POLY,
                      C1, C2)
         xk = x_next
@@ -733,7 +781,7 @@ def _row_values(v, GT: tl.constexpr, GL: tl.constexpr, RS: tl.constexpr):
 def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats, prev,
                  ptab_ptr, recip_ptr, slev_ptr, codes_off,
                  res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA: tl.constexpr,
-                 SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr, BT: tl.constexpr,
+                 SCALE: tl.constexpr, FLOOR: tl.constexpr, BT: tl.constexpr,
                  G: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr, GT: tl.constexpr,
                  C: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
                  BIAS: tl.constexpr, A_WORDS: tl.constexpr, R_WORDS: tl.constexpr,
@@ -817,7 +865,7 @@ def _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats,
         mu_c = _code_centre(mu, isg, lo)
         _encode_rows(xn, mu_c[None, :, :, None, None], isg[None, :, :, None, None],
                      (h * tp + tr) * (D // 8) + gr // 8, valid, a8_ptr, aw_ptr, r8_ptr, rw_ptr, codes_off, res_off,
-                     tab, search_ptr, ALPHA, SCALE, P0, EPS, RS, A_BITS, R_BITS, BIAS, A_WORDS,
+                     tab, search_ptr, ALPHA, SCALE, FLOOR, RS, A_BITS, R_BITS, BIAS, A_WORDS,
                      R_WORDS, SMEM, HINT, PACK_ASM, POLY, C1, C2)
         xk = x_next
 
@@ -829,7 +877,7 @@ def _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr, r8_
            WHICH: tl.constexpr, TOKEN_AXIS: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
            C: tl.constexpr, CS: tl.constexpr, GC: tl.constexpr, TS: tl.constexpr,
            GT: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
-           ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
+           ALPHA: tl.constexpr, SCALE: tl.constexpr, FLOOR: tl.constexpr,
            MIDRANGE: tl.constexpr, BYTE_GRID: tl.constexpr, A_WORDS: tl.constexpr,
            R_WORDS: tl.constexpr, SMEM: tl.constexpr, EVEN_D: tl.constexpr, X_WORDS: tl.constexpr,
            EVICT: tl.constexpr, PACK_ASM: tl.constexpr, POLY: tl.constexpr, C1: tl.constexpr,
@@ -912,23 +960,27 @@ def _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr, r8_
                                 tl.reshape(hi, [GT, TS, NCD, GL, 8])), 1, minmax_nan_combine)
     y = _recip_or_zero(gmax - gmin)  # xn = RN(RN(x - gmin) * y), as lynx_ref
     # the search table: in registers (-> shared memory for tl.gather) if SMEM, else global (L1)
-    if SMEM:
-        tab = tl.load(search_ptr + tl.arange(0, SEARCH_LEN))
+    if SMEM:  # (``_codes``: PRMT reads the entries' low words, the thresholds)
+        if (A_BITS == 4) & (R_BITS == 4) & A_WORDS & R_WORDS & PACK_ASM:
+            tab = tl.load(search_ptr.to(tl.pointer_type(tl.int32))
+                          + 2 * tl.arange(0, SEARCH_LEN))
+        else:
+            tab = tl.load(search_ptr + tl.arange(0, SEARCH_LEN))
     else:
         tab = search_ptr
     if not TOKEN_AXIS:
         _channel_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, lo, hi, gmin, y, stats,
                        prev, ptab_ptr, recip_ptr, slev_ptr,
                        codes_off, res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA,
-                       SCALE, P0, EPS, BT, G, C, CS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
+                       SCALE, FLOOR, BT, G, C, CS, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS,
                        MIDRANGE, BYTE_GRID, TREE, SMEM, EVEN_D, X_WORDS,
                        "evict_first" if EVICT else "", PACK_ASM, POLY, C1, C2, PAGED, PREVIEW,
                        ra, rb, kb, RUNS)
     else:
         _token_pass2(xh, s_t, rows_ptr, s_d, body0, tp, h, H, D, d0, gmin, y, stats, prev,
                      ptab_ptr, recip_ptr, slev_ptr, codes_off,
-                     res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA, SCALE, P0,
-                     EPS, BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, MIDRANGE,
+                     res_off, a8_ptr, aw_ptr, r8_ptr, rw_ptr, tab, search_ptr, ALPHA, SCALE, FLOOR,
+                     BT, G, GC, TS, GT, C, A_BITS, R_BITS, BIAS, A_WORDS, R_WORDS, MIDRANGE,
                      BYTE_GRID, TREE, SMEM, EVEN_D, X_WORDS, "evict_first" if EVICT else "",
                      PACK_ASM, POLY, C1, C2, PAGED, PREVIEW, base, q, BLOCK, RUNS)
     gdt = akv_ptr.dtype.element_ty
@@ -962,7 +1014,8 @@ def lynx_compress_kernel(
         aw_ptr,                          # ... as words of A_BITS bytes (A_BITS in 1, 2, 4)
         r8_ptr, rw_ptr,                  # the residual buffer as uint8 / words of R_BITS bytes
         plan_ptr,                        # int64 [num_pages, NF]
-        search_ptr,                      # this stream's LogSearch entries (ops/tables.py)
+        search_ptr,                      # int64 [256]: this stream's LogSearch entries
+                                         # (threshold and code bytes; ops/tables.py)
         recip_ptr,                       # float32 [1024]: RN(1 / 1.m) (ops/tables.py)
         slev_ptr,                        # BYTE_GRID: float32 [256] sigma levels (lynx_tables)
         flags_ptr,                       # int32 [2, 2]: bad input found (ops/value_flags.py)
@@ -974,7 +1027,7 @@ def lynx_compress_kernel(
         GT: tl.constexpr,
         BS: tl.constexpr, ES: tl.constexpr,
         A_BITS: tl.constexpr, R_BITS: tl.constexpr, BIAS: tl.constexpr,
-        ALPHA: tl.constexpr, SCALE: tl.constexpr, P0: tl.constexpr, EPS: tl.constexpr,
+        ALPHA: tl.constexpr, SCALE: tl.constexpr, FLOOR: tl.constexpr,
         MIDRANGE: tl.constexpr, A_WORDS: tl.constexpr,
         R_WORDS: tl.constexpr, SEC: tl.constexpr, SMEM: tl.constexpr, EVEN_D: tl.constexpr,
         X_WORDS: tl.constexpr, EVICT: tl.constexpr, PACK_ASM: tl.constexpr,
@@ -1041,7 +1094,7 @@ def lynx_compress_kernel(
         _strip(x_ptr, xh, s_t, s_d, rows_ptr, ptab_ptr, akv_ptr, a8_ptr, aw_ptr, r8_ptr, rw_ptr,
                search_ptr, recip_ptr, slev_ptr, flags_ptr, gamma, stats, prev, codes_off,
                res_off, flag, h, H, D, d0, body0, tp, 0, 0, WHICH, TOKEN_AXIS, BT, G, C, CS, GC,
-               TS, GT, A_BITS, R_BITS, BIAS, ALPHA, SCALE, P0, EPS, MIDRANGE, BYTE_GRID, A_WORDS,
+               TS, GT, A_BITS, R_BITS, BIAS, ALPHA, SCALE, FLOOR, MIDRANGE, BYTE_GRID, A_WORDS,
                R_WORDS, SMEM, EVEN_D, X_WORDS, EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW,
                BLOCK, False)
     else:
@@ -1056,7 +1109,7 @@ def lynx_compress_kernel(
                        r8_ptr, rw_ptr, search_ptr, recip_ptr, slev_ptr, flags_ptr, gamma,
                        stats, prev, codes_off, res_off, flag, h, H, D, d0, body0, tp, q, base,
                        WHICH, TOKEN_AXIS, BT, G, C, CS, GC, TS, GT, A_BITS, R_BITS, BIAS, ALPHA,
-                       SCALE, P0, EPS, MIDRANGE, BYTE_GRID, A_WORDS, R_WORDS, SMEM, EVEN_D,
+                       SCALE, FLOOR, MIDRANGE, BYTE_GRID, A_WORDS, R_WORDS, SMEM, EVEN_D,
                        X_WORDS, EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW, BLOCK, True)
             elif (h == 0) & (dt == 0):  # listed once for MODE 2 (no program re-checks it)
                 tl.store(work_ptr + 1 + tl.atomic_add(work_ptr, 1), page)
@@ -1065,5 +1118,5 @@ def lynx_compress_kernel(
                    r8_ptr, rw_ptr, search_ptr, recip_ptr, slev_ptr, flags_ptr, gamma, stats,
                    prev, codes_off, res_off, flag, h, H, D, d0, body0, tp, 0, 0, WHICH,
                    TOKEN_AXIS, BT, G, C, CS, GC, TS, GT, A_BITS, R_BITS, BIAS, ALPHA,
-                   SCALE, P0, EPS, MIDRANGE, BYTE_GRID, A_WORDS, R_WORDS, SMEM, EVEN_D,
+                   SCALE, FLOOR, MIDRANGE, BYTE_GRID, A_WORDS, R_WORDS, SMEM, EVEN_D,
                    X_WORDS, EVICT, PACK_ASM, POLY, C1, C2, TREE, PAGED, PREVIEW, BLOCK, False)

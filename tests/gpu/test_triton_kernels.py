@@ -209,9 +209,9 @@ def test_compress_bytes_ragged_head_dim_and_strided_input(v_axis):
 
 
 @pytest.mark.parametrize("alpha_k,alpha_v", [(1e5, 3000.0), (0.01, 255.0)])
-def test_compress_bytes_every_log_search_bias(alpha_k, alpha_v):
-    """The code search's two biases (ops/tables.py LogSearch): eps for a huge alpha (1e5), p0 =
-    1 - delta otherwise, over small to large alphas."""
+def test_compress_bytes_log_search(alpha_k, alpha_v):
+    """The log code search (ops/tables.py LogSearch) of large alphas (1e5, 3000, 255; K's 0.01
+    takes the quadratic) on the end cells' half-step grid."""
     cfg = LynxConfig(alpha_k=alpha_k, alpha_v=alpha_v, **SMALL)
     for t in SIZES[:2] + SIZES[-1:]:
         k, v = random_kv(HEADS, t, HEAD_DIM, torch.bfloat16, seed=t)
