@@ -12,7 +12,7 @@ from . import lynx_ref, lynx_stream
 from .base import Codec, Encoded, EncodedPage, check_page, validate_kv
 from .lynx_config import LynxConfig, make_config, plan_text
 from .lynx_layout import (SCALAR_DTYPE, PageLayout, PageSpan, page_layout, page_sinks, page_spans,
-                          stream_layout, window_nbytes, window_rows)
+                          residual_nbytes, stream_layout, window_nbytes, window_rows)
 from .packing import pack_bits, packed_nbytes, unpack_bits
 from .registry import register_codec
 
@@ -159,14 +159,15 @@ class LynxCodec(Codec):
             lay = self._layout(h, d, dtype, spans[0])
             slay = self._stream_layout(h, d, dtype, spans[0])
             a_size = slay.anchor_nbytes + window_nbytes(self.config, slay, h, d, rows)
+            r_size = residual_nbytes(self.config, slay, h, d, rows)
             a = anchor[a_off:a_off + n * a_size].view(n, -1)
-            r = residual[r_off:r_off + n * slay.residual_nbytes].view(n, -1) \
-                if residual is not None else None
+            r = residual[r_off:r_off + n * r_size].view(n, -1) if residual is not None else None
             a_off += n * a_size
-            r_off += n * slay.residual_nbytes
-            if r is None and rows:
-                r = torch.stack([lynx_stream.window_residual(a[j], slay, self.config, h, d, rows)
-                                 for j in range(n)])
+            r_off += n * r_size
+            if rows:
+                r = torch.stack([lynx_stream.window_residual(
+                    a[j], slay, self.config, h, d, rows, None if r is None else r[j])
+                    for j in range(n)])
             if rows:
                 a = a[:, :slay.anchor_nbytes]
             if slay is not lay:
@@ -174,12 +175,16 @@ class LynxCodec(Codec):
             yield lay, a, r
 
     def _to_stream(self, a, r, lay: PageLayout, slay: PageLayout, rows: int, h: int, d: int):
-        """[n, kernel bytes] pages -> [n, stream bytes], the window appended to the anchors."""
+        """[n, kernel bytes] pages -> [n, stream bytes], the window appended to the anchors
+        and its rows left out of the residuals."""
         if slay is not lay:
             a, r = lynx_stream.to_stream(a, r, lay, slay, self.config.scalar_grid)
         if rows:
+            pages = range(a.shape[0])
             a = torch.cat([a, torch.stack([lynx_stream.window_tail(
-                a[j], r[j], slay, self.config, h, d, rows) for j in range(a.shape[0])])], dim=1)
+                a[j], r[j], slay, self.config, h, d, rows) for j in pages])], dim=1)
+            r = torch.stack([lynx_stream.trim_residual(r[j], slay, self.config, h, d, rows)
+                             for j in pages])
         return a, r
 
     # -- pages (the transport's unit) ---------------------------------------------------------
@@ -207,7 +212,8 @@ class LynxCodec(Codec):
         """Check one received page's buffers and return them in the kernel layout (what
         lynx_npu.ops decompresses) with that layout; without the residual, scalar previews
         are expanded in place of the exact scalars, and a page with a recent-token window
-        comes back with the residual that decodes it at the anchor stage."""
+        comes back with its whole residual (its window's rows put back; at the anchor stage,
+        the residual that decodes it there)."""
         self._require_one_layer()
         self._check_page(token_start, token_end, num_kv_heads, head_dim, dtype)
         ns = page_sinks(self.config, token_start, token_end)
@@ -217,9 +223,11 @@ class LynxCodec(Codec):
         if self.config.recent_tokens:
             _check_len("anchor", anchor, anchor.numel())
             rows = lynx_stream.window_of(anchor, slay, self.config, num_kv_heads, head_dim)
-            if rows and residual is None:
+            if rows:
+                if residual is not None:
+                    _check_len("residual", residual, residual.numel())
                 residual = lynx_stream.window_residual(anchor, slay, self.config, num_kv_heads,
-                                                       head_dim, rows)
+                                                       head_dim, rows, residual)
             anchor = anchor[:slay.anchor_nbytes]
         _check_len("anchor", anchor, slay.anchor_nbytes)
         if residual is not None:

@@ -1,4 +1,4 @@
-"""Byte layout of Lynx pages (payload format 4, registry.PAYLOAD_FORMAT): described once, as
+"""Byte layout of Lynx pages (registry.PAYLOAD_FORMAT): described once, as
 data, for every backend.
 
 A layer of ``T`` tokens is cut into pages of the *body* (the tokens after the
@@ -219,6 +219,33 @@ def window_layout(cfg: LynxConfig, num_heads: int, head_dim: int, num_tokens: in
             nc = window_chunks(cfg, which, num_heads, num_tokens, head_dim, rows)
             sizes.append((f"{which}_wstats", 2 * nc * _itemsize(SCALAR_DTYPE)))
     return _sections(sizes)
+
+
+def rows_left_out(stream: PageLayout, rows: int) -> int:
+    """The window rows a page's residual stream leaves out (payload format 9): all of them,
+    unless they are the whole page, whose residual stream is then sent whole (a data frame
+    carries at least one byte; the page holds at most ``recent_tokens`` rows)."""
+    return rows if rows < stream.num_tokens else 0
+
+
+@functools.lru_cache(maxsize=4096)
+def windowed_residual(cfg: LynxConfig, stream: PageLayout, num_heads: int, head_dim: int,
+                      rows: int) -> tuple[tuple[Section, ...], int]:
+    """The residual stream of a page whose window carries its last ``rows`` rows (payload
+    format 9): the stream layout's sections, with ``k_res`` / ``v_res`` holding only rows
+    [0, Tp - rows) of every head ([H, Tp - rows, D] packed): the window sends the rest once
+    (``rows_left_out``). -> (sections, bytes)."""
+    if not rows_left_out(stream, rows):
+        return stream.residual, stream.residual_nbytes
+    n = num_heads * (stream.num_tokens - rows) * head_dim
+    return _sections([(s.name, packed_nbytes(n, cfg.residual_bits(s.name[0]))
+                       if s.name.endswith("_res") else s.nbytes) for s in stream.residual])
+
+
+def residual_nbytes(cfg: LynxConfig, stream: PageLayout, num_heads: int, head_dim: int,
+                    rows: int) -> int:
+    """Bytes of a page's residual stream: the stream layout's, less its window's rows."""
+    return windowed_residual(cfg, stream, num_heads, head_dim, rows)[1]
 
 
 def window_start(stream: PageLayout) -> int:

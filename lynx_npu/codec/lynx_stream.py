@@ -19,10 +19,11 @@ functions serve both grids (``grid``); only the tables differ.
 
 The recent-token window (``recent_tokens``): the page(s) holding a layer's last W tokens carry,
 after their anchor, those rows' residual codes and (with previews) their chunks' exact scalars
-(lynx_layout.window_layout). Anchor-stage decoding of such a page is the full-stage decoding of
-a residual stream made up here (``window_residual``): the window's codes and zero elsewhere
-(residual code 0 is exactly the anchor stage, I' = m << r), the expanded previews with the
-window's chunks exact. So no backend changes: the page takes the full-stage path.
+(lynx_layout.window_layout); their residual stream then leaves those rows out (payload format
+9: ``trim_residual``), so each code is sent once. Both stages of such a page decode through
+the full-stage path on the whole residual made up here (``window_residual``): the residual
+stream's rows, or at the anchor stage zero (residual code 0 is exactly the anchor stage,
+I' = m << r) with the expanded previews, then the window's. So no backend changes.
 
 Previews are made once by the encoder (this torch code, for every backend: they cost a pass
 over 1/32 of the values) and expanded by a 256-entry table lookup. ``to_stream`` and
@@ -37,8 +38,8 @@ import torch
 from . import lynx_tables
 from .lynx_config import LynxConfig
 from .lynx_layout import (SCALAR_DTYPE, PageLayout, stats_in_residual, window_layout,
-                          window_start)
-from .packing import pack_bits, unpack_bits
+                          rows_left_out, window_start, windowed_residual)
+from .packing import pack_bits, packed_nbytes, unpack_bits
 
 SIGMA_MIN_LOG2 = -14.0
 _SIGMA_STEPS = 254  # geometric steps between levels 1 and 255
@@ -148,15 +149,43 @@ def _window_stats(stats: torch.Tensor, cfg: LynxConfig, which: str, h: int, tp: 
     return stats.view(2, h, tp, -1)[:, :, tp - rows:, :]
 
 
-def _section(buf: torch.Tensor, lay: PageLayout, name: str) -> torch.Tensor:
-    s = lay.section(name)
+def _section(buf: torch.Tensor, lay: PageLayout | tuple, name: str) -> torch.Tensor:
+    """A section of one page buffer; ``lay`` a layout or its sections (windowed_residual)."""
+    s = lay.section(name) if isinstance(lay, PageLayout) else next(x for x in lay
+                                                                   if x.name == name)
     return buf[s.offset:s.offset + s.nbytes]
+
+
+def _row_bytes(bits: int, d: int) -> int:
+    """Bytes of one packed row of ``d`` codes, or 0 where rows do not end on a byte."""
+    return d * bits // 8 if d * bits % 8 == 0 else 0
+
+
+def _rows_packed(codes: torch.Tensor, bits: int, h: int, tp: int, d: int, lo: int,
+                 hi: int) -> torch.Tensor:
+    """Rows [lo, hi) of every head of one page's packed [H, Tp, D] codes, packed."""
+    rb = _row_bytes(bits, d)
+    if rb:  # whole bytes per row (every head_dim of 8 or more): slice them
+        return codes[:h * tp * rb].view(h, tp, rb)[:, lo:hi].reshape(-1)
+    return pack_bits(_rows(codes, bits, h, tp, d)[:, lo:hi].reshape(-1), bits)
+
+
+def _cat_rows(first: torch.Tensor, n1: int, second: torch.Tensor, n2: int, bits: int, h: int,
+              d: int) -> torch.Tensor:
+    """Packed [H, n1, D] and [H, n2, D] codes -> packed [H, n1 + n2, D] (each head's rows of
+    ``first``, then of ``second``)."""
+    rb = _row_bytes(bits, d)
+    if rb:
+        return torch.cat([first.view(h, n1, rb), second.view(h, n2, rb)], dim=1).reshape(-1)
+    return pack_bits(torch.cat([_rows(first, bits, h, n1, d), _rows(second, bits, h, n2, d)],
+                               dim=1).reshape(-1), bits)
 
 
 def window_tail(anchor: torch.Tensor, residual: torch.Tensor, stream: PageLayout,
                 cfg: LynxConfig, h: int, d: int, rows: int) -> torch.Tensor:
-    """A page's window (``rows`` > 0) from its stream buffers (1-D uint8) -> the bytes that
-    follow its anchor (from ``window_start``: zero padding first)."""
+    """A page's window (``rows`` > 0) from its stream buffers (1-D uint8; the residual whole,
+    as the stream layout has it) -> the bytes that follow its anchor (from ``window_start``:
+    zero padding first)."""
     tp = stream.num_tokens
     sections, end = window_layout(cfg, h, d, tp, rows)
     pad = window_start(stream) - stream.anchor_nbytes
@@ -167,13 +196,30 @@ def window_tail(anchor: torch.Tensor, residual: torch.Tensor, stream: PageLayout
         if s.name == "window":
             dst.copy_(torch.tensor(list(rows.to_bytes(4, "little")), dtype=torch.uint8))
         elif s.name.endswith("_wres"):
-            r = cfg.residual_bits(s.name[0])
-            codes = _rows(_section(residual, stream, s.name[0] + "_res"), r, h, tp, d)
-            dst.copy_(pack_bits(codes[:, tp - rows:].reshape(-1), r))
+            dst.copy_(_rows_packed(_section(residual, stream, s.name[0] + "_res"),
+                                   cfg.residual_bits(s.name[0]), h, tp, d, tp - rows, tp))
         else:
             stats = _section(residual, stream, s.name[0] + "_stats").view(SCALAR_DTYPE)
             dst.copy_(_window_stats(stats, cfg, s.name[0], h, tp, d, rows)
                       .contiguous().view(torch.uint8).reshape(-1))
+    return out
+
+
+def trim_residual(residual: torch.Tensor, stream: PageLayout, cfg: LynxConfig, h: int, d: int,
+                  rows: int) -> torch.Tensor:
+    """A windowed page's whole residual (1-D, the stream layout's) -> what its residual
+    stream sends (lynx_layout.windowed_residual): every head's window rows dropped, since the
+    window in the anchor carries them."""
+    if not rows_left_out(stream, rows):
+        return residual
+    tp = stream.num_tokens
+    sections, end = windowed_residual(cfg, stream, h, d, rows)
+    out = torch.zeros(end, dtype=torch.uint8, device=residual.device)
+    for s in sections:
+        src = _section(residual, stream, s.name)
+        if s.name.endswith("_res"):
+            src = _rows_packed(src, cfg.residual_bits(s.name[0]), h, tp, d, 0, tp - rows)
+        out[s.offset:s.offset + s.nbytes].copy_(src)
     return out
 
 
@@ -202,23 +248,39 @@ def window_of(anchor: torch.Tensor, stream: PageLayout, cfg: LynxConfig, h: int,
 
 
 def window_residual(anchor: torch.Tensor, stream: PageLayout, cfg: LynxConfig, h: int, d: int,
-                    rows: int) -> torch.Tensor:
-    """The residual stream that decodes a windowed page at the anchor stage (``anchor`` 1-D, its
-    window checked by ``window_of``): the window's codes and zero elsewhere; exact scalars = the
-    expanded previews, with the window's chunks exact."""
+                    rows: int, sent: torch.Tensor | None = None) -> torch.Tensor:
+    """A windowed page's whole residual (the stream layout's, which the kernels read) from
+    its anchor (1-D, its window checked by ``window_of``) and ``sent``, its residual stream
+    (1-D, ``trim_residual``'s bytes): each head's rows from ``sent``, then the window's. At the
+    anchor stage (``sent`` None) the rows before the window are zero (exactly the anchor stage)
+    and the exact scalars are the expanded previews, with the window's chunks exact.
+    Raises ValueError if ``sent`` has another size than the layout's."""
     tp = stream.num_tokens
     sections, _ = window_layout(cfg, h, d, tp, rows)
     tail = anchor[window_start(stream):]
+    sent_sections, sent_nbytes = windowed_residual(cfg, stream, h, d, rows)
+    if sent is not None and sent.numel() != sent_nbytes:
+        raise ValueError(f"residual page buffer has {sent.numel()} bytes; with its window of "
+                         f"{rows} recent rows the layout needs {sent_nbytes}")
+    if sent is not None and not rows_left_out(stream, rows):
+        return sent.clone()  # a page all window: its residual was sent whole
     out = torch.zeros(stream.residual_nbytes, dtype=torch.uint8, device=anchor.device)
     for which in "kv":
         r = cfg.residual_bits(which)
-        codes = torch.zeros(h, tp, d, dtype=torch.int64, device=anchor.device)
         wres = next(s for s in sections if s.name == which + "_wres")
-        codes[:, tp - rows:] = unpack_bits(tail[wres.offset:wres.offset + wres.nbytes], r,
-                                           h * rows * d, signed=True).view(h, rows, d)
-        _section(out, stream, which + "_res").copy_(pack_bits(codes.reshape(-1), r))
+        if sent is None:
+            body = torch.zeros(packed_nbytes(h * (tp - rows) * d, r), dtype=torch.uint8,
+                               device=anchor.device)
+        else:
+            body = _section(sent, sent_sections, which + "_res")
+        _section(out, stream, which + "_res").copy_(_cat_rows(
+            body, tp - rows, tail[wres.offset:wres.offset + wres.nbytes], rows, r, h, d))
         if not stats_in_residual(cfg):
             continue  # the exact scalars are in the anchor already
+        if sent is not None:
+            _section(out, stream, which + "_stats").copy_(_section(sent, sent_sections,
+                                                                   which + "_stats"))
+            continue
         u = _section(anchor, stream, which + "_preview").view(2, -1)
         stats = expand(u)
         wst = next(s for s in sections if s.name == which + "_wstats")

@@ -27,6 +27,9 @@ header has its own version (lynx_npu.wire.VERSION).
     format 8  lynx's end cells: the anchor cells 0 and top decode 2^r levels each from their
               residual field (2 d + 1 - h there; lynx_tables "the end cells"): same bytes and
               parameters, other full-stage values.
+    format 9  lynx's recent-token window sent once: a windowed page's residual stream leaves
+              out the window's rows (each head's last rows; lynx_layout.windowed_residual),
+              which its anchor's window carries.
 
 Bump PAYLOAD_FORMAT whenever any codec's bytes, parameters or defaults change meaning, and
 regenerate the golden payloads (tests/wire/make_golden.py).
@@ -42,7 +45,7 @@ CODEC_IDS: dict[str, int] = {
     "bf16": 1, "int8": 2, "int4": 3, "kivi4": 4, "quantspec": 5, "cachegen": 6,
     "lynx-int4": 7, "lynx-int8": 8, "lynx": 9,
 }
-PAYLOAD_FORMAT = 8
+PAYLOAD_FORMAT = 9
 FORMAT_KEY = "payload_format"
 
 _FACTORIES: dict[str, Callable[..., Codec]] = {}

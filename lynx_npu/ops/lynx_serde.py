@@ -33,8 +33,8 @@ import torch
 from lynx_npu.codec.base import validate_kv
 from lynx_npu.codec.lynx_layout import SCALAR_DTYPE
 from lynx_npu.codec.lynx_layout import stream_layout
-from lynx_npu.codec.lynx_stream import (preview, preview_levels, window_of, window_residual,
-                                        window_tail)
+from lynx_npu.codec.lynx_stream import (preview, preview_levels, trim_residual, window_of,
+                                        window_residual, window_tail)
 
 from . import backends, value_flags
 from .api import _check_kv, _check_slots
@@ -428,19 +428,22 @@ class LynxSerde(PageSerde):
                 raise ValueError(f"anchor frame of page [{p.token_start}, {p.token_end}): "
                                  f"{e}") from None
             pw = page_wire(self.name, cfg, num_kv_heads, head_dim, dtype, span, rows)
-            if rows and p.residual is None:  # anchor stage: the full path, on a made-up residual
-                frames.append(memoryview(self._window_residual(
-                    frames[0], span, num_kv_heads, head_dim, dtype, rows)).cast("B"))
-            elif len(pw.frames) > 1 and p.residual is not None:
-                frames.append(as_bytes(p.residual))
-            elif len(pw.frames) == 1 and p.residual is not None:
+            if len(pw.frames) == 1 and p.residual is not None:
                 raise ValueError(f"{self.name} sends one stream; page [{p.token_start}, "
                                  f"{p.token_end}) came with a residual")
+            if p.residual is not None:
+                frames.append(as_bytes(p.residual))
             for i, (f, want) in enumerate(zip(frames, pw.frames)):
                 if len(f) != want:
                     raise ValueError(f"{('anchor', 'residual')[i]} frame of page "
                                      f"[{p.token_start}, {p.token_end}) has {len(f)} bytes; "
                                      f"{self.name} needs {want}")
+            if rows:  # the kernels read the page's whole residual: the window's rows put back
+                # (anchor stage: those alone); its sections sit where a window-less page's do
+                frames[1:] = [memoryview(self._window_residual(
+                    frames[0], span, num_kv_heads, head_dim, dtype, rows,
+                    frames[1] if len(frames) > 1 else None)).cast("B")]
+                pw = page_wire(self.name, cfg, num_kv_heads, head_dim, dtype, span)
             full = len(frames) == 2 or self.name == "lynx-int8"
             bases = []
             for f in frames:
@@ -485,10 +488,11 @@ class LynxSerde(PageSerde):
             return 0  # no window: nothing to read (the common page)
         return window_of(_host_copy(anchor), slay, self.config, h, d)
 
-    def _window_residual(self, anchor: memoryview, span, h: int, d: int, dtype,
-                         rows: int) -> np.ndarray:
+    def _window_residual(self, anchor: memoryview, span, h: int, d: int, dtype, rows: int,
+                         residual: memoryview | None) -> np.ndarray:
         slay = stream_layout(self.config, h, d, dtype, span.num_tokens, span.num_sink)
-        return window_residual(_host_copy(anchor), slay, self.config, h, d, rows).numpy()
+        return window_residual(_host_copy(anchor), slay, self.config, h, d, rows,
+                               None if residual is None else _host_copy(residual)).numpy()
 
     def _host_buffer(self, nbytes: int, device) -> torch.Tensor:
         from .staging import host_buffer
@@ -626,7 +630,9 @@ def _host_copy(data: memoryview) -> torch.Tensor:
 
 
 def _fill_windows(raw: np.ndarray, base: int, lw: LayerWire) -> None:
-    """Write each windowed page's window (lynx_stream.window_tail) from its landed frames."""
+    """Write each windowed page's window (lynx_stream.window_tail) and residual frame (its
+    codes less the window's rows: trim_residual) from the landed bytes: the kernels wrote the
+    page's whole residual codes to scratch."""
     cfg, h, d = lw.config, lw.num_kv_heads, lw.head_dim
     for p, pw in enumerate(lw.pages):
         rows, start = pw.window
@@ -634,6 +640,11 @@ def _fill_windows(raw: np.ndarray, base: int, lw: LayerWire) -> None:
             continue
         (oa, na), (orr, nr) = lw.frame(p, 0), lw.frame(p, 1)
         anchor = torch.from_numpy(raw[base + oa:base + oa + na])
-        residual = torch.from_numpy(raw[base + orr:base + orr + nr])
         slay = stream_layout(cfg, h, d, lw.dtype, pw.span.num_tokens, pw.span.num_sink)
-        anchor[start:] = window_tail(anchor[:start], residual, slay, cfg, h, d, rows)
+        whole = torch.empty(slay.residual_nbytes, dtype=torch.uint8)
+        for s in slay.residual:
+            at = base + _offset(lw, p, pw.sections[s.name])
+            whole[s.offset:s.offset + s.nbytes] = torch.from_numpy(raw[at:at + s.nbytes])
+        anchor[start:] = window_tail(anchor[:start], whole, slay, cfg, h, d, rows)
+        if pw.sections["k_res"][0] == SCRATCH:  # (not on a page all window: sent whole)
+            raw[base + orr:base + orr + nr] = trim_residual(whole, slay, cfg, h, d, rows).numpy()

@@ -9,7 +9,9 @@ Frames per page, by codec (codec/lynx.py is the specification; the serde tests c
 * ``lynx``:      anchor frame = the stream layout's anchor (codes, gamma, one byte per chunk
                  scalar or the exact stats, sinks); residual frame = residual codes (then, on
                  the float16 scalar grid, the exact stats; on the byte grid the kernels' float16
-                 stats go to scratch, and the anchor's bytes are made from them).
+                 stats go to scratch, and the anchor's bytes are made from them). A page with a
+                 recent-token window: the window after the anchor, and the residual codes less
+                 its rows (the kernels' whole codes go to scratch; LynxSerde fills both).
 * ``lynx-int4``: the kernel layout's anchor alone (the residual codes go to scratch, unsent).
 * ``lynx-int8``: one frame, the kernel layout's anchor followed by its residual.
 
@@ -27,7 +29,8 @@ import torch
 
 from lynx_npu.codec.lynx_config import LynxConfig
 from lynx_npu.codec.lynx_layout import (PageSpan, page_layout, page_sinks, page_spans,
-                                        stream_layout, window_nbytes, window_rows)
+                                        residual_nbytes, rows_left_out, stream_layout,
+                                        window_nbytes, window_rows, windowed_residual)
 
 from .plan import (F_BODY0, F_NUM_BODY, F_NUM_SINK, F_PADS, F_SECTION, F_TOKEN0, NUM_FIELDS,
                    NUM_PADS, SECTIONS, LayerPlan)
@@ -59,24 +62,34 @@ class PageWire:
 def page_wire(variant: str, cfg: LynxConfig, num_kv_heads: int, head_dim: int,
               dtype: torch.dtype, span: PageSpan, rows: int = 0) -> PageWire:
     """``rows``: the page's recent rows (``recent_tokens``), whose window follows the anchor
-    frame's sections; the kernels do not write it (LynxSerde fills it once staged)."""
+    frame's sections and whose residual codes the residual frame leaves out (payload format
+    9); the kernels write neither: they write the page's whole residual to scratch, and
+    LynxSerde fills the window and the residual frame from it once staged."""
     if variant not in VARIANTS:
         raise ValueError(f"{variant=} must be one of {VARIANTS}")
     kl = page_layout(cfg, num_kv_heads, head_dim, dtype, span.num_tokens, span.num_sink)
     sections, previews, scratch, window = {}, {}, 0, (0, 0)
+    filled = []  # frame bytes LynxSerde writes once the kernels' have landed (windows)
     if variant == "lynx":
         sl = stream_layout(cfg, num_kv_heads, head_dim, dtype, span.num_tokens, span.num_sink)
         extra = window_nbytes(cfg, sl, num_kv_heads, head_dim, rows)
-        frames = (sl.anchor_nbytes + extra, sl.residual_nbytes)
+        frames = (sl.anchor_nbytes + extra,
+                  residual_nbytes(cfg, sl, num_kv_heads, head_dim, rows))
         window = (rows, sl.anchor_nbytes) if rows else window
-        for fi, secs in ((0, sl.anchor), (1, sl.residual)):
+        sent = windowed_residual(cfg, sl, num_kv_heads, head_dim, rows)[0] if rows \
+            else sl.residual
+        for fi, secs in ((0, sl.anchor), (1, sent)):
             for s in secs:
                 if s.name.endswith("_preview"):
                     previews[s.name[0]] = (fi, s.offset)
+                elif rows_left_out(sl, rows) and s.name.endswith("_res"):  # the window's rows left out: the
+                    filled.append((fi, s.offset, s.nbytes))  # kernels write the whole to scratch
                 else:
                     sections[s.name] = (fi, s.offset)
-        for s in kl.anchor:  # byte grid: the anchor's bytes are the scalars, sent once; the
-            if s.name not in sections:  # kernels' float16 copy goes to scratch
+        if window[0]:
+            filled.append((0, window[1], frames[0] - window[1]))
+        for s in kl.anchor + kl.residual:  # byte grid: the anchor's bytes are the scalars, sent
+            if s.name not in sections:      # once; the kernels' float16 copy goes to scratch
                 sections[s.name] = (SCRATCH, scratch)
                 scratch = _up(scratch + s.nbytes)
     elif variant == "lynx-int4":
@@ -90,9 +103,7 @@ def page_wire(variant: str, cfg: LynxConfig, num_kv_heads: int, head_dim: int,
         sections.update({s.name: (0, kl.anchor_nbytes + s.offset) for s in kl.residual})
     sizes = {s.name: s.nbytes for s in kl.anchor + kl.residual}
     written = [(f, o, sizes[n]) for n, (f, o) in sections.items() if f != SCRATCH]
-    written += [(f, o, sizes[w + "_stats"] // 2) for w, (f, o) in previews.items()]
-    if window[0]:
-        written.append((0, window[1], frames[0] - window[1]))
+    written += [(f, o, sizes[w + "_stats"] // 2) for w, (f, o) in previews.items()] + filled
     pads = []
     for fi, size in enumerate(frames):
         end = 0

@@ -6,7 +6,7 @@ import lynx_npu
 from lynx_npu.codec import lynx_ref, lynx_tables
 from lynx_npu.codec.lynx_config import LynxConfig
 from lynx_npu.codec.lynx_layout import (num_chunks, page_layout, page_spans, stream_layout,
-                                        window_nbytes, window_rows)
+                                        residual_nbytes, window_nbytes, window_rows)
 
 from .lynx_oracle import oracle_quantize
 
@@ -87,7 +87,7 @@ def test_error_within_the_rounding_interval(anchor_bits, axis):
         assert bool(((x_hat - v).abs() <= bound).all())
 
 
-@pytest.mark.parametrize("tokens", RAGGED)
+@pytest.mark.parametrize("tokens", RAGGED + [2069])  # 2069: a recent-token window
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_ragged_roundtrip_and_sizes(tokens, dtype):
     codec = lynx_npu.get_codec("lynx")
@@ -96,10 +96,13 @@ def test_ragged_roundtrip_and_sizes(tokens, dtype):
     cfg = codec.config
     spans = page_spans(cfg, tokens)
     lays = [stream_layout(cfg, 3, 64, dtype, s.num_tokens, s.num_sink) for s in spans]
-    windows = [window_nbytes(cfg, lay, 3, 64, window_rows(cfg, s.body_start, s.token_end, tokens))
-               for s, lay in zip(spans, lays)]
+    rows = [window_rows(cfg, s.body_start, s.token_end, tokens) for s in spans]
+    windows = [window_nbytes(cfg, lay, 3, 64, n) for n, lay in zip(rows, lays)]
     assert enc.nbytes("anchor") == sum(lay.anchor_nbytes for lay in lays) + sum(windows)
-    assert enc.nbytes("full") == enc.nbytes("anchor") + sum(lay.residual_nbytes for lay in lays)
+    # the residual stream leaves out the window's rows (payload format 9)
+    assert enc.nbytes("full") == enc.nbytes("anchor") + sum(
+        residual_nbytes(cfg, lay, 3, 64, n) for n, lay in zip(rows, lays))
+    assert (sum(windows) > 0) == (tokens >= 64 * cfg.recent_tokens)
     ka, va = codec.decode(enc, "anchor")
     kf, vf = codec.decode(enc, "full")
     for x, xa, xf in ((k, ka, kf), (v, va, vf)):

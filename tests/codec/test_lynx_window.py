@@ -1,12 +1,17 @@
 """The recent-token window (``recent_tokens``, lynx_layout.window_layout, lynx_stream.py): the
 page(s) holding a layer's last tokens carry those rows' residual codes and exact scalars after
-the anchor, so the anchor stage restores them as the full stage does; nothing else changes."""
+the anchor, so the anchor stage restores them as the full stage does; their residual stream
+leaves those rows out (payload format 9), so each code crosses the wire once; nothing else
+changes."""
 import pytest
 import torch
 
 import lynx_npu
-from lynx_npu.codec.lynx_layout import (RECENT_SHARE, page_spans, recent_window, stream_layout,
+from lynx_npu.codec.lynx_layout import (RECENT_SHARE, page_spans, recent_window,
+                                        residual_nbytes, rows_left_out, stream_layout,
                                         window_rows, window_start)
+from lynx_npu.codec.lynx_stream import trim_residual, window_residual
+from lynx_npu.codec.packing import packed_nbytes
 
 H, D = 3, 64
 
@@ -124,3 +129,57 @@ def test_a_window_for_a_codec_without_one_is_a_size_error():
     with pytest.raises(ValueError, match=r"or more, with a window of 1\.\.32 recent rows"):
         codec.decode_page(truncated, None, page.token_start, page.token_end, num_kv_heads=H,
                           head_dim=D, dtype=dtype)
+
+
+@pytest.mark.parametrize("grid", ["byte", "float16"])
+def test_the_residual_stream_sends_the_window_rows_once(grid):
+    """Pages of 64 over 2569 tokens (windows of 27 and 5 rows): each windowed page's residual
+    is the window-less codec's less exactly its window's codes (the last page is all window:
+    its residual goes whole, a frame carries at least one byte), and the full stage is bit
+    for bit the window-less one's."""
+    win, plain = codecs(page_size=64, scalar_grid=grid)
+    k, v = kv(2569, seed=3)
+    pages, pages0 = win.encode_pages(k, v), plain.encode_pages(k, v)
+    spans = page_spans(win.config, 2569)
+    r, cuts = win.config.residual_bits("k"), []
+    for p, p0, s in zip(pages, pages0, spans):
+        rows = window_rows(win.config, s.body_start, s.token_end, 2569)
+        slay = stream_layout(win.config, H, D, k.dtype, s.num_tokens, s.num_sink)
+        assert p.residual.numel() == residual_nbytes(win.config, slay, H, D, rows)
+        cuts.append(rows_left_out(slay, rows))
+        saved = p0.residual.numel() - p.residual.numel()
+        assert saved == 2 * packed_nbytes(H * cuts[-1] * D, r) and p.residual.numel() > 0
+        if rows:  # put back, the window's rows make the window-less residual
+            whole = window_residual(p.anchor, slay, win.config, H, D, rows, p.residual)
+            assert torch.equal(whole, p0.residual)
+            assert torch.equal(trim_residual(whole, slay, win.config, H, D, rows), p.residual)
+    assert cuts[-2:] == [27, 0] and not any(cuts[:-2])
+    for x, x0 in zip(win.decode(win.encode(k, v), "full"),
+                     plain.decode(plain.encode(k, v), "full")):
+        assert torch.equal(x, x0)
+
+
+def test_rows_that_do_not_end_on_a_byte_trim_and_merge_too():
+    """head_dim 5 at 4 residual bits: a row is 2.5 bytes, so rows are cut from the unpacked
+    codes; the round trip still gives the window-less residual."""
+    win, plain = codecs(page_size=64)
+    g = torch.Generator().manual_seed(5)
+    k, v = (torch.randn(2, 2100, 5, generator=g).to(torch.bfloat16) for _ in range(2))
+    page, page0 = win.encode_pages(k, v)[-1], plain.encode_pages(k, v)[-1]
+    span = page_spans(win.config, 2100)[-1]
+    rows = window_rows(win.config, span.body_start, span.token_end, 2100)
+    slay = stream_layout(win.config, 2, 5, k.dtype, span.num_tokens, span.num_sink)
+    assert rows and (5 * win.config.residual_bits("v")) % 8
+    assert torch.equal(window_residual(page.anchor, slay, win.config, 2, 5, rows, page.residual),
+                       page0.residual)
+
+
+def test_a_windowed_residual_of_the_wrong_size_is_refused_naming_both():
+    codec, _ = codecs()
+    page, slay, dtype = _last_page(codec)
+    want = page.residual.numel()
+    with pytest.raises(ValueError, match=f"residual page buffer has {want + 32} bytes; with its "
+                                         f"window of 32 recent rows the layout needs {want}"):
+        codec.decode_page(page.anchor, torch.cat([page.residual, page.residual[:32]]),
+                          page.token_start, page.token_end, num_kv_heads=H, head_dim=D,
+                          dtype=dtype)

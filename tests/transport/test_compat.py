@@ -47,7 +47,7 @@ def test_a_parameter_mismatch_is_refused_at_connect(secret):
         " alpha_k: sender 3.0, receiver 0.25; num_sink_tokens: sender 0, receiver 4")
 
 
-@pytest.mark.parametrize("sender_format", [1, 7, 9])
+@pytest.mark.parametrize("sender_format", [1, 8, 10])
 def test_a_payload_format_mismatch_is_refused_naming_both_versions(sender_format):
     """A peer of another payload format (emulated: its HELLO announces it) is refused; the
     receiver serves a matching sender right after."""

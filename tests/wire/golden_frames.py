@@ -13,16 +13,16 @@ from lynx_npu.wire import CodecSpec, Compat, Frame, Kind, ReceiveLimits, page_ta
 LYNX_PARAMS = {"alpha_k": 3.0, "alpha_v": 3.0, "anchor_bits": 4, "center": "midrange",
                "chunk_size": 32, "k_axis": "channel", "layer_anchor_bits": "[[18,5,4]]",
                "layer_v_chunk_size": "[[3,64]]",
-               "num_sink_tokens": 4, "page_size": 256, "payload_format": 8,
+               "num_sink_tokens": 4, "page_size": 256, "payload_format": 9,
                "recent_tokens": 32, "scalar_grid": "byte", "scalar_preview": True,
                "v_anchor_bits": 4,
                "v_axis": "token", "v_chunk_size": 32}
-INT8_PARAMS = {"page_size": 256, "payload_format": 8}
+INT8_PARAMS = {"page_size": 256, "payload_format": 9}
 RID = 0x0123456789ABCDEF
-SENDER = Compat(8, (CodecSpec("lynx", params_to_json(LYNX_PARAMS)),
+SENDER = Compat(9, (CodecSpec("lynx", params_to_json(LYNX_PARAMS)),
                     CodecSpec("int8", params_to_json(INT8_PARAMS))),
                 session="00112233445566778899aabbccddeeff")
-RECEIVER = Compat(8, limits=ReceiveLimits(
+RECEIVER = Compat(9, limits=ReceiveLimits(
     max_request_bytes=8 << 30, max_payload_bytes=64 << 20, max_params_bytes=1024,
     max_layers=4096, max_tokens=1 << 22, max_kv_heads=1024, max_head_dim=1024))
 

@@ -1,5 +1,5 @@
 """Golden payloads: real ``get_codec(...).encode_pages`` output on a small fixed KV, frozen as
-payload format 8 (lynx_npu.codec.registry.PAYLOAD_FORMAT) in frame format 3.
+payload format 9 (lynx_npu.codec.registry.PAYLOAD_FORMAT) in frame format 3.
 
 For every case, tests/wire/make_golden.py writes to golden/payload/:
 

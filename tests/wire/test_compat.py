@@ -26,11 +26,11 @@ def test_round_trip_and_canonical_bytes():
     (b"\xff", "not ASCII JSON"), (b"[1]", "JSON object"), (b"{}", "lacks 'payload_format'"),
     (b'{"payload_format":"2"}', "payload_format='2' must be a positive int"),
     (b'{"payload_format":0}', "payload_format=0"),
-    (b'{"codecs":[],"extra":1,"payload_format":8}', r"unknown key\(s\) \['extra'\]"),
-    (b'{"payload_format":8}', "lacks 'codecs'"),
-    (b'{"codecs":{},"payload_format":8}', "'codecs' must be a list"),
-    (b'{"codecs":[["lynx"]],"payload_format":8}', r"\[name, \{parameters\}\]"),
-    (b'{"codecs":[["lynx",{"alpha_k":[1]}]],"payload_format":8}', "'alpha_k' must be a scalar"),
+    (b'{"codecs":[],"extra":1,"payload_format":9}', r"unknown key\(s\) \['extra'\]"),
+    (b'{"payload_format":9}', "lacks 'codecs'"),
+    (b'{"codecs":{},"payload_format":9}', "'codecs' must be a list"),
+    (b'{"codecs":[["lynx"]],"payload_format":9}', r"\[name, \{parameters\}\]"),
+    (b'{"codecs":[["lynx",{"alpha_k":[1]}]],"payload_format":9}', "'alpha_k' must be a scalar"),
     (b"[" * 5000, "not ASCII JSON"),
 ])
 def test_malformed_descriptions_are_named(raw, match):
@@ -39,7 +39,7 @@ def test_malformed_descriptions_are_named(raw, match):
 
 
 def test_another_format_is_read_no_further_than_its_version():
-    assert Compat.from_json(b'{"payload_format":9,"rules":{"new":[1]}}') == Compat(9)
+    assert Compat.from_json(b'{"payload_format":10,"rules":{"new":[1]}}') == Compat(10)
 
 
 def test_only_registered_codecs_and_descriptions_that_fit_a_hello():
@@ -54,7 +54,7 @@ def test_only_registered_codecs_and_descriptions_that_fit_a_hello():
     (Compat(), Compat(), None),
     (Compat(), Compat.of([LYNX, INT8]), None),               # accepts what it can build
     (Compat.of([LYNX, INT8]), Compat.of([INT8]), None),       # a subset
-    (Compat.of([LYNX]), Compat(9), "payload format differs: the sender's is 9, the "
+    (Compat.of([LYNX]), Compat(10), "payload format differs: the sender's is 10, the "
                                    f"receiver's {PAYLOAD_FORMAT}"),
     (Compat(), Compat(1), f"payload format differs: the sender's is 1, the receiver's "
                           f"{PAYLOAD_FORMAT}"),
@@ -109,10 +109,10 @@ def test_a_sender_names_its_session_and_a_receiver_its_limits():
 
 
 @pytest.mark.parametrize("raw,match", [
-    (b'{"codecs":[],"payload_format":8,"session":"ABC"}', "session='ABC' must be 32"),
-    (b'{"codecs":[],"payload_format":8,"session":1}', "session=1 must be 32"),
-    (b'{"codecs":[],"limits":{"max_layers":1},"payload_format":8}', "limits must be an object"),
-    (b'{"codecs":[],"limits":[],"payload_format":8}', "limits must be an object"),
+    (b'{"codecs":[],"payload_format":9,"session":"ABC"}', "session='ABC' must be 32"),
+    (b'{"codecs":[],"payload_format":9,"session":1}', "session=1 must be 32"),
+    (b'{"codecs":[],"limits":{"max_layers":1},"payload_format":9}', "limits must be an object"),
+    (b'{"codecs":[],"limits":[],"payload_format":9}', "limits must be an object"),
 ])
 def test_malformed_sessions_and_limits_are_named(raw, match):
     with pytest.raises(ValueError, match=match):

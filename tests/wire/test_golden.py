@@ -41,7 +41,7 @@ def test_header_layout_by_hand():
     params_len, payload_len = le(44, 46), le(46, 50)
     assert HEADER_SIZE == 58 and len(raw) == HEADER_SIZE + params_len + payload_len
     params = raw[HEADER_SIZE:HEADER_SIZE + params_len]
-    assert params.startswith(b'{"alpha_k":3.0,') and b'"payload_format":8,' in params
+    assert params.startswith(b'{"alpha_k":3.0,') and b'"payload_format":9,' in params
 
 
 def test_hello_and_error_layout_by_hand():
@@ -51,32 +51,32 @@ def test_hello_and_error_layout_by_hand():
     assert payload[:NONCE_BYTES] == bytes(range(32))
     assert Compat.from_json(payload[NONCE_BYTES:]) == SENDER
     assert payload[NONCE_BYTES:].startswith(b'{"codecs":[["lynx",{"alpha_k":3.0,')
-    assert payload.endswith(b'"payload_format":8,"session":"00112233445566778899aabbccddeeff"}')
+    assert payload.endswith(b'"payload_format":9,"session":"00112233445566778899aabbccddeeff"}')
     payload = (GOLDEN / "hello_receiver.bin").read_bytes()[HEADER_SIZE:]
     assert Compat.from_json(payload[NONCE_BYTES:]) == RECEIVER
     assert payload[NONCE_BYTES:] == (
         b'{"codecs":[],"limits":{"max_head_dim":1024,"max_kv_heads":1024,"max_layers":4096,'
         b'"max_params_bytes":1024,"max_payload_bytes":67108864,"max_request_bytes":8589934592,'
-        b'"max_tokens":4194304},"payload_format":8}')
+        b'"max_tokens":4194304},"payload_format":9}')
     raw = (GOLDEN / "error_incompatible.bin").read_bytes()
     assert (raw[5], raw[39]) == (48, 16)  # ERROR, ref_kind HELLO: refused as incompatible
 
 
-def test_literal_parameters_are_complete_payload_format_8_sets():
+def test_literal_parameters_are_complete_payload_format_9_sets():
     lynx = codec_from_wire(9, LYNX_PARAMS)
     assert lynx.params()["alpha_k"] == 3.0
     assert lynx.config.layer_anchor_bits == ((18, 5, 4),)
     assert lynx.config.layer_v_chunk_size == ((3, 64),)
     assert lynx.config.scalar_grid == "byte"
     assert codec_from_wire(2, INT8_PARAMS).params() == {"page_size": 256}
-    # a format-7 peer sent the same parameters, but its end cells' residual fields meant
-    # other values: refused by name, never decoded as format 8
-    with pytest.raises(ValueError, match="payload_format=7 is not supported: this build reads "
-                                         "payload format 8"):
-        codec_from_wire(9, {**LYNX_PARAMS, "payload_format": 7})
+    # a format-8 peer sent the same parameters, but its windowed pages' residual streams
+    # repeated the window's rows: refused by name, never decoded as format 9
+    with pytest.raises(ValueError, match="payload_format=8 is not supported: this build reads "
+                                         "payload format 9"):
+        codec_from_wire(9, {**LYNX_PARAMS, "payload_format": 8})
     old = {k: v for k, v in LYNX_PARAMS.items() if k != "scalar_grid"}
     with pytest.raises(ValueError, match="scalar_grid"):
-        codec_from_wire(9, old)  # a format-8 frame must carry every parameter
+        codec_from_wire(9, old)  # a format-9 frame must carry every parameter
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
