@@ -188,3 +188,14 @@ def test_every_layer_of_a_request_in_runs(runs):
     """Layers of 300 tokens in one launch: layer l's rows start at token l * 300 of the plan,
     so each layer's blocks start at another phase of the launch's token index."""
     check_request("lynx", "vllm_flash_nhd", DEVICE, "triton", t=300, **RUNS)
+
+
+WINDOW = dict(h=1, t=2100, d=16) if not CUDA else dict(h=8, t=2100, d=128)
+
+
+def test_every_layer_of_a_request_with_its_window():
+    """2100 tokens: each layer's last page carries a recent-token window, and its residual
+    frame leaves the window's rows out (payload format 9), both filled on the host from what
+    the kernels wrote; the anchor-only layers decode through the window."""
+    assert check_request("lynx", "vllm_flash_nhd", DEVICE, "triton", num_layers=2,
+                         **WINDOW) == "triton"
