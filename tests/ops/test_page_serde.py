@@ -126,6 +126,15 @@ def test_bad_pages_are_named():
         serde.decode_page(q.anchor[:-1], None, q.token_start, q.token_end, **kw)
     with pytest.raises(ValueError, match="residual frame"):
         serde.decode_page(p.anchor, p.residual[1:], p.token_start, p.token_end, **kw)
+    # a windowed page's residual frame leaves out the window's rows (payload format 9): one
+    # that holds them (what format 8 sent) is refused by size, naming both
+    whole = serde_for(small_codec("lynx", recent_tokens=0)).encode(
+        *random_kv(2, 2100, 32, torch.bfloat16)).wait().pages[-1]
+    assert len(whole.residual) > len(q.residual)
+    with pytest.raises(ValueError, match=rf"residual frame of page \[2052, 2100\) has "
+                                         rf"{len(whole.residual)} bytes; lynx needs "
+                                         rf"{len(q.residual)}"):
+        serde.decode_page(q.anchor, whole.residual, q.token_start, q.token_end, **kw)
     with pytest.raises(ValueError, match="one stream"):
         serde_for(small_codec("lynx-int8")).decode_page(p.anchor, p.residual, p.token_start,
                                                        p.token_end, **kw)
