@@ -18,7 +18,9 @@ writes. With ``scalar_preview`` the streams carry the page differently (``stream
 the anchor's k_stats / v_stats become k_preview / v_preview ([2, num_chunks] uint8, one byte per
 scalar; lynx_stream.py). On the byte scalar grid (``scalar_grid="byte"``) those bytes are the
 scalars themselves, sent once; on the float16 grid they are previews and the exact k_stats /
-v_stats follow the residual codes.
+v_stats follow the residual codes. A page with a recent-token window (``window_layout``)
+carries its last rows' residual codes after its anchor, and its residual stream leaves those
+rows out (``windowed_residual``).
 
 Chunk order: axis "channel" (C tokens of one channel) -> [H, ceil(Tp/C), D];
 axis "token" (C head_dim values of one token) -> [H, Tp, ceil(D/C)]. The last chunk of a
