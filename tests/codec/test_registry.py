@@ -54,7 +54,9 @@ def test_an_unknown_wire_parameter_is_named(name, key, value):
         codec_from_wire(CODEC_IDS[name], params)
 
 
-@pytest.mark.parametrize("value", [1, 7, 9, "8", 8.0, True, None])
+# the format before and after this build's, and its own in the wrong type
+@pytest.mark.parametrize("value", [1, PAYLOAD_FORMAT - 1, PAYLOAD_FORMAT + 1, str(PAYLOAD_FORMAT),
+                                   float(PAYLOAD_FORMAT), True, None])
 def test_another_payload_format_is_refused_by_name(value):
     params = {**wire_params(lynx_npu.get_codec("lynx")), "payload_format": value}
     with pytest.raises(ValueError, match=rf"payload_format={value!r} is not supported: this "
