@@ -14,6 +14,7 @@ import itertools
 import os
 import random
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -184,34 +185,50 @@ class LocalPair:
         if config.block_size is not None:
             common["block_size"] = config.block_size
         t0 = time.monotonic()
-        for attempt in range(1, _START_ATTEMPTS + 1):
-            log(f"[lynx] starting the decode instance (receiver on 127.0.0.1:{self.port}) ...")
-            try:
-                self.decode = LLM(**decode_engine_args(
-                    config.model, port=self.port, max_drafts=config.max_drafts,
-                    residual_timeout_s=config.residual_timeout_s,
-                    transfer_timeout_s=config.transfer_timeout_s, transport=config.transport,
-                    early_start_s=config.early_start_s,
-                    gbps=config.gbps, lynx_plan=config.lynx_plan, **objects,
-                    **{**common, "disable_log_stats": not config.decode_log_stats}))
-                break
-            except Exception:
-                # The port was free when chosen; another process (vLLM's own engines pick
-                # ports the same way) may bind it before the receiver does. Only that is
-                # retried, on a new port; any other failure is raised as it is.
-                if attempt == _START_ATTEMPTS or not port_taken(self.port):
-                    raise
-                log(f"[lynx] 127.0.0.1:{self.port} was taken before the receiver bound it; "
-                    f"retrying on another port")
-                self.port = free_port(count=config.tensor_parallel_size)
+
+        def start_prefill(port: int):
+            return LLM(**prefill_engine_args(config.model, peer=f"127.0.0.1:{port}",
+                                             gbps=config.gbps, transport=config.transport,
+                                             wire_dtype=config.wire_dtype,
+                                             lynx_plan=config.lynx_plan, **objects, **common))
+
+        # The two instances start side by side: most of a start is two processes importing
+        # vLLM (~20 s each on one core), so a pair comes up in about the time of one instance.
         log(f"[lynx] starting the prefill instance (link {config.gbps} Gbps over "
             f"{config.transport}) ...")
-        self.prefill = LLM(**prefill_engine_args(config.model, peer=f"127.0.0.1:{self.port}",
-                                                 gbps=config.gbps, transport=config.transport,
-                                                 wire_dtype=config.wire_dtype,
-                                                 lynx_plan=config.lynx_plan,
-                                                 **objects,
-                                                 **common))
+        prefill = _Background(start_prefill, self.port)
+        try:
+            for attempt in range(1, _START_ATTEMPTS + 1):
+                log(f"[lynx] starting the decode instance (receiver on 127.0.0.1:{self.port}) ...")
+                try:
+                    self.decode = LLM(**decode_engine_args(
+                        config.model, port=self.port, max_drafts=config.max_drafts,
+                        residual_timeout_s=config.residual_timeout_s,
+                        transfer_timeout_s=config.transfer_timeout_s,
+                        transport=config.transport, early_start_s=config.early_start_s,
+                        gbps=config.gbps, lynx_plan=config.lynx_plan, **objects,
+                        **{**common, "disable_log_stats": not config.decode_log_stats}))
+                    break
+                except Exception:
+                    # The port was free when chosen; another process (vLLM's own engines pick
+                    # ports the same way) may bind it before the receiver does. Only that is
+                    # retried, on a new port; any other failure is raised as it is.
+                    if attempt == _START_ATTEMPTS or not port_taken(self.port):
+                        raise
+                    log(f"[lynx] 127.0.0.1:{self.port} was taken before the receiver bound "
+                        f"it; retrying on another port")
+                    self.port = free_port(count=config.tensor_parallel_size)
+        except BaseException:
+            _shutdown(prefill.result(raise_error=False))
+            raise
+        try:
+            self.prefill = prefill.result()
+        except BaseException:
+            _shutdown(self.decode)
+            raise
+        if prefill.args != (self.port,):  # the receiver moved: the prefill's peer with it
+            _shutdown(self.prefill)
+            self.prefill = start_prefill(self.port)
         log(f"[lynx] both instances up in {time.monotonic() - t0:.0f} s")
         self.tokenizer = self.prefill.get_tokenizer()
         self._ids = itertools.count(int(time.time()) % 1_000_000 * 1000 + 1)
@@ -307,13 +324,42 @@ class LocalPair:
         return [runs[rid] for rid in runs if rid.startswith("d-")]
 
     def close(self) -> None:
-        for llm in (getattr(self, "prefill", None), getattr(self, "decode", None)):
-            if llm is not None:
-                llm.llm_engine.engine_core.shutdown()
+        # side by side: each engine's shutdown waits ~5 s for its processes
+        stopping = [_Background(_shutdown, llm) for llm in
+                    (getattr(self, "prefill", None), getattr(self, "decode", None))]
+        for job in stopping:
+            job.result()
         if getattr(self, "_tmp_dir", None) is not None:
             import shutil
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
             self._tmp_dir = None
+
+
+def _shutdown(llm) -> None:
+    if llm is not None:
+        llm.llm_engine.engine_core.shutdown()
+
+
+class _Background:
+    """``fn(*args)`` on a thread of its own; ``result()`` joins it and returns or raises."""
+
+    def __init__(self, fn, *args):
+        self.args, self._value, self._error = args, None, None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True,
+                                        name="lynx-pair-start")
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._value = fn(*self.args)
+        except BaseException as e:  # noqa: BLE001 -- handed to result()'s caller
+            self._error = e
+
+    def result(self, raise_error: bool = True):
+        self._thread.join()
+        if self._error is not None and raise_error:
+            raise self._error
+        return self._value
 
 
 # -- test hooks: run on an instance's workers with ``llm.collective_rpc(fn)`` (the worker
