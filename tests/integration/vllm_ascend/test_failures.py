@@ -29,7 +29,7 @@ from lynx_npu.integration.vllm_ascend.tools.local_pair import (  # noqa: E402
 from lynx_npu.integration.vllm_ascend.tools.model_prep import (  # noqa: E402
     ModelNotAvailableError, ensure_model_dir)
 
-pytestmark = [pytest.mark.slow, pytest.mark.depth]
+pytestmark = [pytest.mark.slow, pytest.mark.serving]
 
 MAX_TOKENS = 12
 # Two blocks with the token vLLM computes and its lookahead slot; the third draft needs a third.

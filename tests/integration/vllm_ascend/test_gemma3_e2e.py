@@ -17,7 +17,7 @@ from lynx_npu.integration.vllm_ascend.tools.local_pair import LocalPair, PairCon
 from lynx_npu.integration.vllm_ascend.tools.model_prep import (ModelNotAvailableError,  # noqa: E402
                                                                ensure_model_dir)
 
-pytestmark = [pytest.mark.slow, pytest.mark.depth]
+pytestmark = [pytest.mark.slow, pytest.mark.serving]
 
 WINDOW = 512
 MAX_TOKENS = 8

