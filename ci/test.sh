@@ -40,6 +40,8 @@ fi
 if [ "${LYNX_SKIP_VLLM:-0}" != 1 ] && [ "${LYNX_VLLM023:-1}" = 1 ]; then
   venv="${LYNX_VLLM023_VENV:-.venv-vllm023}"
   echo "== vLLM 0.23.0 ($venv): tests/integration/vllm_ascend"
-  "$venv/bin/python" -m pytest -q -rs tests/integration/vllm_ascend || status=$?
+  "$venv/bin/python" -m pytest -q -rs -n "${LYNX_TEST_WORKERS:-2}" --dist worksteal \
+    -m "not slow" tests/integration/vllm_ascend || status=$?
+  "$venv/bin/python" -m pytest -q -rs -m slow tests/integration/vllm_ascend || status=$?
 fi
 exit $status
