@@ -74,8 +74,17 @@ def _blocks_for(cfg, head_dim: int, which: str, tune_bd, tune_warps, tune_rpt) -
     # whole-strip load must fit in registers.
     nc = max(bt // c, 1)
     # K (channel axis, midrange): 2 warps, so that the gather's per-step barriers wait on
-    # fewer warps (H100: 891 vs 945 us); V keeps 4 (982 vs 958 us with 2)
-    warps = tune["num_warps"] or (2 if cfg.center == "midrange" and not token else 4)
+    # fewer warps (H100: 891 vs 945 us). A K strip keeps 64 channels: pages of 512 (nc 16)
+    # take 4 warps, as 2 would narrow it to 32 (H200, head_dim 64: 664 vs 1220 us). V (token
+    # axis, midrange): 2 warps for a strip of up to 16K values (H200, 256 tokens x 64 channels:
+    # 708 vs 866 us), 4 above (512 x 128: 780 vs 831 us); docs/benchmarks.md
+    if cfg.center == "midrange" and not token:
+        warps = max(2, min(8, nc // 4))
+    elif cfg.center == "midrange":
+        warps = 2 if bt * min(128, _pow2(head_dim)) <= 16384 else 4
+    else:
+        warps = 4
+    warps = tune["num_warps"] or warps
     if cfg.center == "midrange" and not token:
         bd = max(8, min(8 * max(32 * warps // nc, 1), _pow2(head_dim)))
     elif cfg.center == "midrange":  # 128-channel strips: the fixed work per strip halves

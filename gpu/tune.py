@@ -5,7 +5,8 @@ table in shared or global memory, register cap; decompress: tokens per program T
 it times compress (and its K and V kernels) / decompress_full / decompress_anchor on the
 benchmark KV (K and V of [256, 16384, 128] bf16, 2.15 GB), checks that the bytes (or values)
 equal the default variant's, and prints effective GB/s against the device copy (device events
-around back-to-back calls, as ``lynx bench kernels``). ``--json`` writes it all; ``--compress-only``
+around back-to-back calls, as ``lynx bench kernels``). ``--json`` writes it all; ``--set KEY=VALUE`` tunes another config (e.g.
+``page_size=512``); ``--compress-only``
 skips the decompress variants. ``--check H`` first
 compares the default variant with the torch reference codec, run on the GPU, on the first H
 heads of that KV (both chunk centres): compressed bytes and both decompressed stages.
@@ -23,6 +24,7 @@ from lynx_npu import ops
 from lynx_npu.codec.lynx import LynxCodec
 from lynx_npu.codec.lynx_config import make_config
 from lynx_npu.eval.bench_kernels import _time_steady as _time, synthetic_kv
+from lynx_npu.eval.codec_specs import parse_pairs
 
 from . import launch
 
@@ -52,11 +54,13 @@ def main(argv=None) -> int:
     p.add_argument("--center", default="midrange", choices=["midrange", "mean"])
     p.add_argument("--check", type=int, default=0, metavar="H",
                    help="compare with the reference on the first H heads, then time")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="set",
+                   help="a Lynx parameter over the default config, e.g. --set page_size=512")
     p.add_argument("--compress-only", action="store_true", help="time no decompress variant")
     p.add_argument("--once", action="store_true",
                    help="run each op once with the defaults (for a profiler), time nothing")
     args = p.parse_args(argv)
-    cfg = make_config(center=args.center)
+    cfg = make_config(center=args.center, **parse_pairs(args.set, "--set"))
     (k, v), = synthetic_kv(1, args.heads, args.tokens, args.head_dim, torch.bfloat16, "cuda")
     if args.once:
         a, r = ops.compress(k, v, cfg, backend="triton")

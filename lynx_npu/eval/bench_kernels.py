@@ -18,11 +18,16 @@ on the values. Timing: wall clock (cpu), median of ``--repeats`` after warm-up. 
 device events around back-to-back calls (``--repeats`` rounds of enough calls to fill ~50 ms,
 median per call): the device's throughput in steady state, with the host's launch work
 overlapped as in a pipelined transfer (a single call also counts the ~0.1 ms the host spends
-before the first kernel starts, reported as ``latency_s``).
+before the first kernel starts, reported as ``latency_s``). When the host launches slower than
+the device runs (small per-layer calls: ``--layers 30 --kv-heads 24`` on an H200 takes 5-8 ms
+of wall time per 30 layers for 0.8-1.9 ms of kernels), the events time the host; so on CUDA each
+result also carries ``kernel_s`` / ``kernel_gbps``, the kernels' own device time per call
+(torch.profiler), the figure to compare kernels by.
 
 JSON (``--json``): {"device": str, "copy_gbps": float, "results": [{"op", "backend", "shape":
 [layers, kv_heads, tokens, head_dim], "gbps", "kv_gbps", "seconds", and on accelerators
-"latency_s": one call's time}], plus "dtype", "config",
+"latency_s": one call's time, on CUDA "kernel_s" and "kernel_gbps": device time in kernels}],
+plus "dtype", "config",
 "threads" (cpu)}.
 
 Config: ``--preset``, then ``--center``, ``--plan MODEL`` (a bundled model's ``lynx_plan``) and
@@ -140,6 +145,24 @@ def _time_steady(fn, device: str, repeats: int, target_s: float = 0.05) -> float
     return statistics.median(times)
 
 
+def kernel_seconds(fn, device: str, repeats: int) -> float | None:
+    """Seconds per call the device spends in kernels (torch.profiler's device time, summed
+    over every kernel of ``repeats`` calls after one warm-up), or None off CUDA. Beside the
+    events' time it tells a host-bound call (the host launches slower than the device runs:
+    small per-layer calls) from a device-bound one."""
+    if device != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        _sync(device)
+    return sum(e.self_device_time_total for e in prof.key_averages()) / 1e6 / repeats
+
+
 def timer_for(device: str):
     """The harness's timer: wall clock on the CPU, back-to-back calls between device events
     on accelerators (``_time_steady``)."""
@@ -251,10 +274,15 @@ def run(args) -> int:
                    "kv_gbps": kv_bytes / sec / 1e9, "seconds": sec}
             if device != "cpu":
                 res["latency_s"] = _time(fn, device, repeats)
+            kernel_s = kernel_seconds(fn, device, repeats)
+            if kernel_s:
+                res["kernel_s"], res["kernel_gbps"] = kernel_s, nbytes / kernel_s / 1e9
             results.append(res)
             _log(f"{name:8s} {op:18s} {res['gbps']:8.2f} GB/s ({res['gbps'] / copy:6.1%} of "
                  f"copy), KV {res['kv_gbps']:.2f} GB/s, {sec * 1e3:.2f} ms"
-                 + (f" (one call {res['latency_s'] * 1e3:.2f} ms)" if "latency_s" in res else ""))
+                 + (f" (one call {res['latency_s'] * 1e3:.2f} ms)" if "latency_s" in res else "")
+                 + (f"; kernels {res['kernel_gbps']:.2f} GB/s, {kernel_s * 1e3:.2f} ms"
+                    + (" (host-bound)" if sec > 1.5 * kernel_s else "") if kernel_s else ""))
     out = {"device": device_name(device), "copy_gbps": copy, "results": results,
            "dtype": args.dtype, "config": dataclasses.asdict(cfg)}
     if "decompress_paged" in want_ops:

@@ -111,6 +111,22 @@ def test_per_tensor_chunks_equal_reference(v_axis, v_chunk, head_dim, center, dt
             assert torch.equal(gk.cpu(), wk) and torch.equal(gv.cpu(), wv), (t, stage)
 
 
+# The launch geometry moves with the page (launch.py _blocks_for): a K strip of 64 channels
+# takes 2 warps at pages of 256, 4 at 512, 8 at 1024; a V strip 2 warps up to 16K values, 4
+# above. Each geometry, at SmolLM2's head_dim, against the reference.
+@pytest.mark.parametrize("page_size,head_dim", [(256, 64), (512, 64), (1024, 64)])
+def test_page_geometries_equal_reference(page_size, head_dim):
+    cfg = LynxConfig(page_size=page_size, v_chunk_size=64)
+    t = 100  # one page: the geometry is the page's, whatever the tokens
+    k, v = random_kv(1, t, head_dim, torch.bfloat16, seed=page_size)
+    a, r = poisoned_compress(k.to(DEVICE), v.to(DEVICE), cfg, "triton")
+    want = reference_streams(cfg, k, v)
+    assert torch.equal(a, want[0]) and torch.equal(r, want[1])
+    wk, wv = codec(cfg).decode(codec(cfg)._wrap(tuple(k.shape), k.dtype, a, r), "full")
+    gk, gv = ops.decompress(a.to(DEVICE), r.to(DEVICE), cfg, k.shape, k.dtype, backend="triton")
+    assert torch.equal(gk.cpu(), wk) and torch.equal(gv.cpu(), wv)
+
+
 # K and V with splits of their own (launch.py: each tensor's launch takes its own bits and
 # tables): the K-only wide anchor of a calibrated layer (5 + 3 beside 4 + 4), and the reverse.
 PER_TENSOR_SPLITS = [(5, 4, "token", torch.bfloat16), (4, 5, "token", torch.float16),
