@@ -72,3 +72,44 @@ def test_the_scheduler_discards_a_transfer_its_request_will_not_load(worker):
     state = worker.leak_state()
     assert state["inbox"] == 0 and list(state["streams"]) == [6], state
     assert state["receiver_active_requests"] == 1   # only 6's
+
+
+def test_a_residual_completed_inside_a_step_refines_in_that_step():
+    """The refine starts at the step's next layer wait (wait_for_layer), not at the next
+    step's bind, and is reported at that step's finish_step: the scheduler verifies one step
+    sooner. Real sender, real receiver, a real paged cache."""
+    import torch
+
+    import lynx_npu
+    from lynx_npu.integration.vllm_ascend.transports import Senders
+    from lynx_npu.ops import KV_CACHE_LAYOUTS, PagedKVCache
+    from tests.transport.helpers import D, H, make_layers
+
+    lay, bs, tokens = KV_CACHE_LAYOUTS["vllm_cpu"], 16, 100
+    w = ConsumerWorker(LynxConnectorConfig(role="consumer"), 0, 1)
+    w.register(PagedKVCache.build(lay, [lay.allocate(8, bs, H, D, torch.bfloat16, fill=0.0)
+                                        for _ in range(2)]))
+    # a slow link: the residual (~13 KB) completes ~1 s after the anchor
+    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer", {"gbps": 1e-4}))
+    try:
+        codec, layers = lynx_npu.get_codec("lynx"), make_layers(2, tokens)
+        job = LoadJob("r", 5, tuple(range(7)), tokens)
+        handle = w.receiver.request(5)
+        senders.get("127.0.0.1", w.port).send(5, codec, layers)
+        assert handle.anchor_ready.wait(30)
+        w.bind([job], [])                       # step 1: the anchor is loaded
+        assert w.finish_step(set()) == ({"r"}, set())
+        w.take_meta()
+        w.bind([], [])                          # step 2 begins before the residual is in
+        assert not handle.residual_ready.is_set()
+        assert not any(what == "refine" for _, what, _ in w._jobs)
+        assert handle.residual_ready.wait(30)
+        w.wait_for_layer(0)                     # ... and its forward sees it complete
+        assert [what for rid, what, _ in w._jobs if rid == "r"][-1:] == ["refine"]
+        w.finish_step(set())
+        meta = w.take_meta()
+        assert meta is not None and "r" in meta.refined
+        assert w.leak_state()["transfers"] == {}
+    finally:
+        senders.close()
+        w.close()
