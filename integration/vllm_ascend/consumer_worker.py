@@ -12,7 +12,9 @@ Because pages are decoded as they arrive, little is left when the anchor (or res
 
 A refine overlaps the step's forward; drafts that read a half-refined block are only different
 drafts, never wrong output: the refine is reported only once every full-precision page is
-written, and verification runs after that.
+written, and verification runs after that. A residual that completes while a forward runs
+starts its refine at that forward's next layer wait (``wait_for_layer``), as a job of the same
+step, so the scheduler hears of it a step sooner.
 
 Several requests can load one transfer: the samples of one prompt (``n > 1``) share its
 transfer key (``TransferParams.key``). Each page is then decoded into every one's blocks, from
