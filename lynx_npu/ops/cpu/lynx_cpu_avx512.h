@@ -15,11 +15,8 @@
 // split's nibbles are packed in registers, other splits through pack().
 // The two normalising multiplications (by 1 / scale, 1 / sigma) and the searches bound it.
 // K and V each have their own split (Table), so each takes the paths of its own.
-// Decompress (4 + 4 split) reads 16 bytes of each stream per 32 values and decodes the even and
-// the odd values of the group in two registers (|x| = magnitudes[(m << 4) | residual nibble],
-// 4 permutes), so nibbles never need reordering; bf16 / f16 results are interleaved on the way
-// out. Token-contiguous paged K (vLLM CPU) is decoded into a tile and written by 16 x 16
-// transposes.
+// Decompress (4 + 4 split): decompress_body of lynx_cpu_avx2.h with Rows512 below, 16 bytes of
+// each stream per 32 values.
 
 // ---- 16 values of the KV dtype <-> float32 -------------------------------------------------
 template <typename Conv>
@@ -809,219 +806,64 @@ bool compress_body_avx512(const Params& p, int which, const typename Conv::raw* 
 }
 
 // ---- decompress ----------------------------------------------------------------------------
-// Decode tables of the 4 + 4 split: full[(m << 4) | residual nibble] = Table::magnitudes (m =
-// anchor magnitude), anchor[nibble] = the signed anchor-stage value.
-struct DecodeTables {
-  alignas(64) float full[128];
-  alignas(64) float anchor[16];
+// Rows512: the row decoder of decompress_body (lynx_cpu_avx2.h), 4 + 4 split: 16 bytes of each
+// stream per 32 values, the even and the odd values of the group in two registers (|x| =
+// magnitudes[(m << 4) | residual nibble], 4 permutes).
+struct Rows512 {
+  static constexpr int64_t kGroup = 32;
+  Levels512 lv;
+  __m512 t16;  // the anchor stage's 16 signed values
+  explicit Rows512(const DecodeTables& dt) : lv(dt.full), t16(_mm512_load_ps(dt.anchor)) {}
+
+  // Values 0, 2, .. and 1, 3, .. of the float32 row v[0..32) (-> 16 + 16 floats at e, o).
+  static inline void deinterleave(const float* v, float* e, float* o) {
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+    const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+    _mm512_storeu_ps(e, _mm512_permutex2var_ps(a, ie, b));
+    _mm512_storeu_ps(o, _mm512_permutex2var_ps(a, io, b));
+  }
+
+  // One token's D values from its packed 4-bit anchor (and residual) bytes; per 32-value group
+  // g the parameters are at [32 g, 32 g + 16) (even values) and [32 g + 16, 32 g + 32) (odd).
+  template <typename Conv>
+  inline void decode(const uint8_t* arow, const uint8_t* rrow, const float* sig, const float* mu,
+                     const float* scale, const float* gmin, bool bcast,
+                     typename Conv::raw* out, int64_t D) const {
+    const __m512i sel = _mm512_set1_epi32(0x70), b3 = _mm512_set1_epi32(8),
+                  b7 = _mm512_set1_epi32(0x80), sign = _mm512_set1_epi32((int)0x80000000u);
+    for (int64_t g = 0; g < D / 32; ++g) {
+      const __m512i A = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(arow + 16 * g)));
+      __m512 xe, xo;
+      if (rrow) {
+        const __m512i R = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rrow + 16 * g)));
+        // bits 4..6: anchor magnitude bits, 0..3: residual nibble (0xca: sel ? a : b)
+        const __m512i ie = _mm512_ternarylogic_epi32(sel, _mm512_slli_epi32(A, 4), R, 0xca);
+        const __m512i io = _mm512_ternarylogic_epi32(sel, A, _mm512_srli_epi32(R, 4), 0xca);
+        const __mmask16 ne = _mm512_test_epi32_mask(A, b3), no = _mm512_test_epi32_mask(A, b7);
+        const __m512i le = _mm512_castps_si512(lv.get(_mm512_mask_xor_epi32(ie, ne, ie, sel)));
+        const __m512i lo = _mm512_castps_si512(lv.get(_mm512_mask_xor_epi32(io, no, io, sel)));
+        xe = _mm512_castsi512_ps(_mm512_mask_xor_epi32(le, ne, le, sign));
+        xo = _mm512_castsi512_ps(_mm512_mask_xor_epi32(lo, no, lo, sign));
+      } else {
+        xe = _mm512_permutexvar_ps(A, t16);
+        xo = _mm512_permutexvar_ps(_mm512_srli_epi32(A, 4), t16);
+      }
+      __m512 se, so, me, mo;
+      if (bcast) {
+        se = so = _mm512_set1_ps(sig[g]);
+        me = mo = _mm512_set1_ps(mu[g]);
+      } else {
+        se = _mm512_loadu_ps(sig + 32 * g), so = _mm512_loadu_ps(sig + 32 * g + 16);
+        me = _mm512_loadu_ps(mu + 32 * g), mo = _mm512_loadu_ps(mu + 32 * g + 16);
+      }
+      const __m512 ye = _mm512_add_ps(_mm512_mul_ps(xe, se), me);  // no FMA: two roundings
+      const __m512 yo = _mm512_add_ps(_mm512_mul_ps(xo, so), mo);
+      const __m512 ve = _mm512_add_ps(_mm512_mul_ps(ye, _mm512_loadu_ps(scale + 32 * g)),
+                                      _mm512_loadu_ps(gmin + 32 * g));
+      const __m512 vo = _mm512_add_ps(_mm512_mul_ps(yo, _mm512_loadu_ps(scale + 32 * g + 16)),
+                                      _mm512_loadu_ps(gmin + 32 * g + 16));
+      store_even_odd<Conv>(out + 32 * g, ve, vo);
+    }
+  }
 };
-
-inline void decode_tables(const Table& tb, DecodeTables& out) {
-  std::memcpy(out.full, tb.magnitudes, sizeof(out.full));
-  for (int n = 0; n < 16; ++n) {
-    const int a = (n ^ 8) - 8, neg = a >> 31, m = a ^ neg;
-    out.anchor[n] = bitsf(fbits(tb.magnitudes[m << 4]) ^ ((uint32_t)neg & 0x80000000u));
-  }
-}
-
-// Per K / V: that tensor's split 4 + 4 (other splits take the plain C++); on the token axis one
-// (mu, sigma) per 32-value group, so chunks of whole groups that tile head_dim (16-value chunks,
-// and others, take the plain C++).
-inline bool decompress_fast(const Params& p, const Table& tb) {
-  const int64_t D = p.head_dim, C = tb.chunk;
-  if (tb.anchor_bits != 4 || tb.residual_bits != 4 || D % 32 || D > 512) return false;
-  return !tb.token_axis || (C % 32 == 0 && D % C == 0);
-}
-
-// Values 0, 2, .. and 1, 3, .. of the float32 row v[0..32) (-> 16 + 16 floats at e, o).
-inline void deinterleave32(const float* v, float* e, float* o) {
-  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
-  const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
-  _mm512_storeu_ps(e, _mm512_permutex2var_ps(a, ie, b));
-  _mm512_storeu_ps(o, _mm512_permutex2var_ps(a, io, b));
-}
-
-// One token's D values from its packed 4-bit anchor (and residual) bytes; per 32-value group g
-// the parameters are at [32 g, 32 g + 16) (even values) and [32 g + 16, 32 g + 32) (odd).
-template <typename Conv>
-inline void decode_row_44(const uint8_t* arow, const uint8_t* rrow, const DecodeTables& dt,
-                          const Levels512& lv, const float* sig, const float* mu,
-                          const float* scale, const float* gmin, bool bcast,
-                          typename Conv::raw* out, int64_t D) {
-  const __m512i sel = _mm512_set1_epi32(0x70), b3 = _mm512_set1_epi32(8),
-                b7 = _mm512_set1_epi32(0x80), sign = _mm512_set1_epi32((int)0x80000000u);
-  const __m512 t16 = _mm512_load_ps(dt.anchor);
-  for (int64_t g = 0; g < D / 32; ++g) {
-    const __m512i A = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(arow + 16 * g)));
-    __m512 xe, xo;
-    if (rrow) {
-      const __m512i R = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rrow + 16 * g)));
-      // bits 4..6: anchor magnitude bits, 0..3: residual nibble (0xca: sel ? a : b)
-      const __m512i ie = _mm512_ternarylogic_epi32(sel, _mm512_slli_epi32(A, 4), R, 0xca);
-      const __m512i io = _mm512_ternarylogic_epi32(sel, A, _mm512_srli_epi32(R, 4), 0xca);
-      const __mmask16 ne = _mm512_test_epi32_mask(A, b3), no = _mm512_test_epi32_mask(A, b7);
-      const __m512i le = _mm512_castps_si512(lv.get(_mm512_mask_xor_epi32(ie, ne, ie, sel)));
-      const __m512i lo = _mm512_castps_si512(lv.get(_mm512_mask_xor_epi32(io, no, io, sel)));
-      xe = _mm512_castsi512_ps(_mm512_mask_xor_epi32(le, ne, le, sign));
-      xo = _mm512_castsi512_ps(_mm512_mask_xor_epi32(lo, no, lo, sign));
-    } else {
-      xe = _mm512_permutexvar_ps(A, t16);
-      xo = _mm512_permutexvar_ps(_mm512_srli_epi32(A, 4), t16);
-    }
-    __m512 se, so, me, mo;
-    if (bcast) {
-      se = so = _mm512_set1_ps(sig[g]);
-      me = mo = _mm512_set1_ps(mu[g]);
-    } else {
-      se = _mm512_loadu_ps(sig + 32 * g), so = _mm512_loadu_ps(sig + 32 * g + 16);
-      me = _mm512_loadu_ps(mu + 32 * g), mo = _mm512_loadu_ps(mu + 32 * g + 16);
-    }
-    const __m512 ne = _mm512_add_ps(_mm512_mul_ps(xe, se), me);  // no FMA: two roundings
-    const __m512 no = _mm512_add_ps(_mm512_mul_ps(xo, so), mo);
-    const __m512 ve = _mm512_add_ps(_mm512_mul_ps(ne, _mm512_loadu_ps(scale + 32 * g)),
-                                    _mm512_loadu_ps(gmin + 32 * g));
-    const __m512 vo = _mm512_add_ps(_mm512_mul_ps(no, _mm512_loadu_ps(scale + 32 * g + 16)),
-                                    _mm512_loadu_ps(gmin + 32 * g + 16));
-    store_even_odd<Conv>(out + 32 * g, ve, vo);
-  }
-}
-
-// 16 rows of 16 16-bit values (r[k]: row k) -> r[c]: column c (rows 0..15).
-inline void transpose16x16_epi16(__m256i* r) {
-  __m256i a[8], b[8], c[4], d[4], e[4], f[4], col[8][2];
-  for (int p = 0; p < 8; ++p) {  // per 128-bit lane: columns 0-3 / 4-7 of rows 2p, 2p + 1
-    a[p] = _mm256_unpacklo_epi16(r[2 * p], r[2 * p + 1]);
-    b[p] = _mm256_unpackhi_epi16(r[2 * p], r[2 * p + 1]);
-  }
-  for (int q = 0; q < 4; ++q) {  // columns (0, 1), (2, 3), (4, 5), (6, 7) of rows 4q .. 4q + 3
-    c[q] = _mm256_unpacklo_epi32(a[2 * q], a[2 * q + 1]);
-    d[q] = _mm256_unpackhi_epi32(a[2 * q], a[2 * q + 1]);
-    e[q] = _mm256_unpacklo_epi32(b[2 * q], b[2 * q + 1]);
-    f[q] = _mm256_unpackhi_epi32(b[2 * q], b[2 * q + 1]);
-  }
-  for (int g = 0; g < 2; ++g) {  // column k of rows 8g .. 8g + 7 (lane 1: column k + 8)
-    col[0][g] = _mm256_unpacklo_epi64(c[2 * g], c[2 * g + 1]);
-    col[1][g] = _mm256_unpackhi_epi64(c[2 * g], c[2 * g + 1]);
-    col[2][g] = _mm256_unpacklo_epi64(d[2 * g], d[2 * g + 1]);
-    col[3][g] = _mm256_unpackhi_epi64(d[2 * g], d[2 * g + 1]);
-    col[4][g] = _mm256_unpacklo_epi64(e[2 * g], e[2 * g + 1]);
-    col[5][g] = _mm256_unpackhi_epi64(e[2 * g], e[2 * g + 1]);
-    col[6][g] = _mm256_unpacklo_epi64(f[2 * g], f[2 * g + 1]);
-    col[7][g] = _mm256_unpackhi_epi64(f[2 * g], f[2 * g + 1]);
-  }
-  for (int k = 0; k < 8; ++k) {
-    r[k] = _mm256_permute2x128_si256(col[k][0], col[k][1], 0x20);
-    r[k + 8] = _mm256_permute2x128_si256(col[k][0], col[k][1], 0x31);
-  }
-}
-
-// put_rows for 16-bit values: runs of tokens in consecutive slots of a token-contiguous layout
-// (s_token == 1) are transposed 16 x 16 at a time. tile must hold 16 readable rows past n.
-template <typename raw>
-void put_rows16(const raw* tile, const int64_t* at, int64_t n, int64_t D, raw* out, int64_t so,
-                int64_t sd) {
-  static_assert(sizeof(raw) == 2, "16-bit values");
-  for (int64_t i = 0; i < n;) {
-    if (at[i] < 0) {
-      ++i;
-      continue;
-    }
-    int64_t len = 1;
-    if (so == 1)
-      while (i + len < n && at[i + len] == at[i] + len) ++len;
-    raw* o = out + at[i];
-    if (len < 4) {
-      put_rows<raw>(tile + i * D, at + i, len, D, out, so, sd);
-    } else {
-      for (int64_t j0 = 0; j0 < len; j0 += 16) {
-        const __mmask16 keep = (__mmask16)((1u << std::min<int64_t>(16, len - j0)) - 1u);
-        for (int64_t d0 = 0; d0 < D; d0 += 16) {
-          __m256i r[16];
-          for (int k = 0; k < 16; ++k)
-            r[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + (i + j0 + k) * D + d0));
-          transpose16x16_epi16(r);
-          for (int k = 0; k < 16; ++k) _mm256_mask_storeu_epi16(o + (d0 + k) * sd + j0, keep, r[k]);
-        }
-      }
-    }
-    i += len;
-  }
-}
-
-// The quantized tokens of one (page, K|V, head) item (decompress_item's body), 4 + 4 split.
-// Rows go straight to the destination when its head_dim is contiguous, else through a tile of
-// 32 rows written out by put_rows.
-template <typename Conv>
-void decompress_body_avx512(const Params& p, int which, int64_t h, const int64_t* row,
-                            const uint8_t* anchor, const uint8_t* residual, const Dest& dst,
-                            const DimTiles& dtl, const DecodeTables& dt, DScratch& s) {
-  using raw = typename Conv::raw;
-  const int64_t H = p.num_heads, D = p.head_dim, C = p.t[which].chunk;
-  const bool token_axis = p.t[which].token_axis != 0;
-  const int64_t tp = row[F_NUM_BODY], body0 = row[F_BODY0];
-  const raw* gamma = reinterpret_cast<const raw*>(anchor + row[F_GAMMA + which]);
-  const uint16_t* stats = reinterpret_cast<const uint16_t*>(anchor + row[F_STATS + which]);
-  const uint8_t* codes = anchor + row[F_CODES + which];
-  const uint8_t* res = residual ? residual + row[F_RES + which] : nullptr;
-  const int64_t nct = (tp + C - 1) / C, ncd = D / C;
-  const int64_t total_chunks = token_axis ? H * tp * ncd : H * nct * D;
-  raw* out = reinterpret_cast<raw*>(dst.base[which]) + dst.offset[which] + h * dst.s_head[which];
-  const int64_t sd = dst.s_dim[which];
-  const bool direct = sd == 1 && !dtl.on();  // rows straight into the destination
-  const Where where(dst, which);
-  constexpr int64_t kRows = 32;
-  s.f.resize(5 * D);
-  float *gmin = s.f.data(), *scale = gmin + D, *mu = scale + D, *sig = mu + D, *tmp = sig + D;
-  s.tile.resize(direct ? 0 : (kRows + 16) * D * sizeof(raw));  // + put_rows16's padding
-  raw* tile = reinterpret_cast<raw*>(s.tile.data());
-  for (int64_t d = 0; d < D; ++d) tmp[d] = Conv::load(gamma[h * D + d]);
-  for (int64_t g = 0; g < D; g += 32) deinterleave32(tmp + g, gmin + g, gmin + g + 16);
-  for (int64_t d = 0; d < D; ++d) tmp[d] = Conv::load(gamma[H * D + h * D + d]) - tmp[d];
-  for (int64_t g = 0; g < D; g += 32) deinterleave32(tmp + g, scale + g, scale + g + 16);
-  const Levels512 lv(dt.full);
-  int64_t at[kRows];
-  int64_t chunk_row = -1, chunk_end = 0;  // channel axis: the stats row of tokens < chunk_end
-  int64_t gchunk[16];                      // token axis: the chunk of 32-value group g
-  for (int64_t g = 0; g < D / 32 && g < 16; ++g) gchunk[g] = g * 32 / C;
-  for (int64_t t0 = 0; t0 < tp; t0 += kRows) {
-    const int64_t n = std::min(kRows, tp - t0);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = t0 + i;
-      at[i] = where(body0 + t);
-      if (at[i] < 0) continue;
-      if (!token_axis) {
-        if (t >= chunk_end) {
-          chunk_row = t / C;
-          chunk_end = (chunk_row + 1) * C;
-          const uint16_t* m16 = stats + (h * nct + chunk_row) * D;
-          for (int64_t g = 0; g < D; g += 16) {
-            const __m256i* pm = reinterpret_cast<const __m256i*>(m16 + g);
-            const __m256i* ps = reinterpret_cast<const __m256i*>(m16 + total_chunks + g);
-            _mm512_storeu_ps(tmp + g, _mm512_cvtph_ps(_mm256_loadu_si256(pm)));
-            _mm512_storeu_ps(sig + g, _mm512_cvtph_ps(_mm256_loadu_si256(ps)));
-          }
-          for (int64_t g = 0; g < D; g += 32) deinterleave32(tmp + g, mu + g, mu + g + 16);
-          std::memcpy(tmp, sig, D * sizeof(float));
-          for (int64_t g = 0; g < D; g += 32) deinterleave32(tmp + g, sig + g, sig + g + 16);
-        }
-      } else {  // one (mu, sigma) per 32-value group
-        const uint16_t* m16 = stats + (h * tp + t) * ncd;
-        for (int64_t g = 0; g < D / 32; ++g) {
-          mu[g] = f16_to_f32(m16[gchunk[g]]);
-          sig[g] = f16_to_f32(m16[gchunk[g] + total_chunks]);
-        }
-      }
-      const int64_t e0 = (h * tp + t) * D;  // 4-bit codes: byte e0 / 2
-      decode_row_44<Conv>(codes + e0 / 2, res ? res + e0 / 2 : nullptr, dt, lv, sig, mu, scale,
-                          gmin, token_axis, direct ? out + at[i] : tile + i * D, D);
-    }
-    if (direct) continue;
-    if (dtl.on())
-      put_rows_tiled<raw>(tile, at, n, D, out, dtl);
-    else if constexpr (sizeof(raw) == 2)
-      put_rows16<raw>(tile, at, n, D, out, dst.s_token[which], sd);
-    else
-      put_rows<raw>(tile, at, n, D, out, dst.s_token[which], sd);
-  }
-}
