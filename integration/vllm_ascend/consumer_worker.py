@@ -13,8 +13,8 @@ Because pages are decoded as they arrive, little is left when the anchor (or res
 A refine overlaps the step's forward; drafts that read a half-refined block are only different
 drafts, never wrong output: the refine is reported only once every full-precision page is
 written, and verification runs after that. A residual that completes while a forward runs
-starts its refine at that forward's next layer wait (``wait_for_layer``), as a job of the same
-step, so the scheduler hears of it a step sooner.
+starts its refine at that forward's next layer wait (``wait_for_layer``), or after its last
+one at ``finish_step``, as a job of the same step, so the scheduler hears of it a step sooner.
 
 Several requests can load one transfer: the samples of one prompt (``n > 1``) share its
 transfer key (``TransferParams.key``). Each page is then decoded into every one's blocks, from
@@ -254,16 +254,19 @@ class ConsumerWorker:
                                    f"failed: {error}")
         self._refine_in_step()
 
-    def _refine_in_step(self) -> None:
+    def _refine_in_step(self, skip: set[str] = frozenset()) -> None:
         """A residual that completed during this step's forward starts its refine now, as a job
         of this step (joined at its finish_step like every other), not at the next step's
         bind: the scheduler can verify one step sooner (docs/demo.md, 2026-11-30: residual ->
-        verified took four ~0.17 s steps). Only drafting requests alone on their stream."""
+        verified took four ~0.17 s steps). Only drafting requests alone on their stream, not
+        those in ``skip`` (finished in this step)."""
         for key, stream in self._streams.items():
             h = stream.handle
             if len(stream.followers) != 1 or not h.residual_ready.is_set():
                 continue
             req_id = stream.followers[0]
+            if req_id in skip:
+                continue
             t = self._transfers.get(req_id)
             if t is None or t.stage != "anchor" or any(
                     rid == req_id and what == "refine" for rid, what, _ in self._jobs):
@@ -273,7 +276,11 @@ class ConsumerWorker:
 
     def finish_step(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         """Join this step's copy jobs and apply their results; returns (finished_recving,
-        failed_recving) for vLLM."""
+        failed_recving) for vLLM. A residual that completed after the forward's last layer
+        wait refines here, joined at once: what is left is the pages that came since this
+        step's bind (the rest were decoded as they came), and the scheduler hears of it a
+        step sooner."""
+        self._refine_in_step(skip=finished_req_ids)
         jobs, self._jobs = self._jobs, []
         for req_id, what, fut in jobs:
             error = fut.exception()

@@ -113,3 +113,47 @@ def test_a_residual_completed_inside_a_step_refines_in_that_step():
     finally:
         senders.close()
         w.close()
+
+
+def test_a_residual_completed_after_the_last_layer_wait_refines_at_finish_step():
+    """A residual completing after the forward's last layer wait (its last layer, the logits)
+    refines at that step's finish_step, not at the next step's bind; a request that finished in
+    the step does not. Real sender, real receiver, a real paged cache."""
+    import torch
+
+    import lynx_npu
+    from lynx_npu.integration.vllm_ascend.transports import Senders
+    from lynx_npu.ops import KV_CACHE_LAYOUTS, PagedKVCache
+    from tests.transport.helpers import D, H, make_layers
+
+    lay, bs, tokens = KV_CACHE_LAYOUTS["vllm_cpu"], 16, 100
+    w = ConsumerWorker(LynxConnectorConfig(role="consumer"), 0, 1)
+    w.register(PagedKVCache.build(lay, [lay.allocate(16, bs, H, D, torch.bfloat16, fill=0.0)
+                                        for _ in range(2)]))
+    # a slow link: each residual (~13 KB) completes ~1 s after its anchor
+    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer", {"gbps": 1e-4}))
+    try:
+        codec, layers = lynx_npu.get_codec("lynx"), make_layers(2, tokens)
+        sender = senders.get("127.0.0.1", w.port)
+        for key, req_id, blocks in ((5, "r", range(7)), (6, "gone", range(7, 14))):
+            handle = w.receiver.request(key)
+            sender.send(key, codec, layers)
+            assert handle.anchor_ready.wait(30)
+            w.bind([LoadJob(req_id, key, tuple(blocks), tokens)], [])  # its anchor is loaded
+            assert w.finish_step(set()) == ({req_id}, set())
+            w.take_meta()
+            w.bind([], [])                      # a step begins before the residual is in
+            assert not handle.residual_ready.is_set()
+            w.wait_for_layer(1)                 # ... its forward's last layer wait
+            assert not any(what == "refine" for _, what, _ in w._jobs)
+            assert handle.residual_ready.wait(30)
+            w.finish_step({"gone"} if req_id == "gone" else set())
+            meta = w.take_meta()
+            if req_id == "r":
+                assert meta is not None and "r" in meta.refined
+            else:                               # finished in the step: never refined
+                assert meta is None or "gone" not in meta.refined
+        assert w.leak_state()["transfers"] == {}
+    finally:
+        senders.close()
+        w.close()
