@@ -16,7 +16,10 @@ it; or ``--qmsum`` / ``--mmlu-pro`` paths):
 - ``mmlu_pro``: ``mmlu_pro/mmlu_pro_dev3000.jsonl``; ``--prompts`` questions evenly spaced over
   the file (it is grouped by category), each after ``--shots`` worked examples of its category
   (the category's first questions not among the tested ones), in MMLU-Pro's chain-of-thought
-  few-shot format, plain text ending in "Answer: Let's think step by step.".
+  few-shot format ending in "Answer: Let's think step by step.": plain text (``--mmlu-pro-form
+  plain``, the default; MMLU-Pro's evaluation of local models) or that text as one user message
+  in the model's chat template, the assistant's turn opened (``chat``: MMLU-Pro's evaluation
+  through a chat API, and what an OpenAI chat request to ``vllm serve`` prefills).
 
 Prints a summary table (bits per value, KL(exact || drafts) along the exact continuation (the
 low-variance companion of the lengths, accept.py), mean, P(accepted >= 10), P(>= 20)) and the
@@ -39,6 +42,7 @@ from .ops_codec import add_backend_argument, with_backend
 from .progress import log, progress, set_enabled
 
 WORKLOADS = ("qmsum", "mmlu_pro")
+MMLU_PRO_FORMS = ("plain", "chat")
 DEFAULT_CODECS = "lynx,kivi4,quantspec,int4,int8"
 MMLU_PRO_FILE = pathlib.Path("mmlu_pro") / "mmlu_pro_dev3000.jsonl"
 MMLU_PRO_HEAD = ("The following are multiple choice questions (with answers) about {}. Think step "
@@ -70,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"MMLU-Pro jsonl (default $LYNX_DATA/{MMLU_PRO_FILE} or ../shared/data/...)")
     parser.add_argument("--shots", type=int_in(0, 20), default=5,
                         help="MMLU-Pro worked examples before each question (default 5)")
+    parser.add_argument("--mmlu-pro-form", choices=MMLU_PRO_FORMS, default="plain",
+                        help="MMLU-Pro prompts as plain text (default) or as a chat request")
     parser.add_argument("--threads", type=int_in(1, 1024), default=None,
                         help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", dest="json_path", type=output_file, default=None,
@@ -135,8 +141,13 @@ def mmlu_pro_question(row: dict, answer: bool) -> str:
     return text + (f" The answer is ({row['answer']}).\n\n" if answer else "")
 
 
-def mmlu_pro_prompts(path: pathlib.Path, tokenizer, num_prompts: int, shots: int):
-    """-> [(prompt id, token ids)]: the module docstring's few-shot prompts."""
+def mmlu_pro_prompts(path: pathlib.Path, tokenizer, num_prompts: int, shots: int,
+                     form: str = "plain"):
+    """-> [(prompt id, token ids)]: the module docstring's few-shot prompts, in ``form``."""
+    from .quality_tasks import chat_ids
+
+    if form not in MMLU_PRO_FORMS:
+        raise ValueError(f"MMLU-Pro prompt form {form!r} must be one of {MMLU_PRO_FORMS}")
     rows = read_mmlu_pro(path)
     if len(rows) < num_prompts:
         raise ValueError(f"{str(path)!r} has {len(rows)} questions; {num_prompts} requested")
@@ -153,7 +164,7 @@ def mmlu_pro_prompts(path: pathlib.Path, tokenizer, num_prompts: int, shots: int
                 + "".join(mmlu_pro_question(r, True) for r in examples[:shots])
                 + mmlu_pro_question(rows[i], False))
         out.append((f"question {rows[i].get('question_id', i)} ({category})",
-                    tokenizer(text)["input_ids"]))
+                    chat_ids(tokenizer, text) if form == "chat" else tokenizer(text)["input_ids"]))
     return out
 
 
@@ -186,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
         log(f"{workload}: building {args.prompts} prompts from {path}")
         prompts = (qmsum_prompts(path, loaded.tokenizer, args.prompts, args.qmsum_tokens)
                    if workload == "qmsum" else
-                   mmlu_pro_prompts(path, loaded.tokenizer, args.prompts, args.shots))
+                   mmlu_pro_prompts(path, loaded.tokenizer, args.prompts, args.shots,
+                                    args.mmlu_pro_form))
         longest = max(len(ids) for _, ids in prompts)
         if max_len and longest + args.new_tokens + 1 > max_len:
             raise ValueError(f"a {workload} prompt of {longest} tokens + {args.new_tokens + 1} "
@@ -207,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         report["workloads"][workload] = {
             "data": str(path), "num_prompts": len(prompts), "prompt_tokens_min": min(lengths),
             "prompt_tokens_mean": sum(lengths) / len(lengths), "prompt_tokens_max": max(lengths),
-            **({"qmsum_tokens": args.qmsum_tokens} if workload == "qmsum" else {"shots": args.shots})}
+            **({"qmsum_tokens": args.qmsum_tokens} if workload == "qmsum" else {"shots": args.shots, "form": args.mmlu_pro_form})}
         for r in rows:
             bits = [p["bits"][r.codec] for p in per_prompt]
             weights = [p["tokens"] for p in per_prompt]

@@ -205,6 +205,36 @@ def test_mmlu_pro_prompts_take_shots_of_the_category_not_tested(tmp_path):
         mmlu_pro_prompts(bad, Recorder(), 1, 0)
 
 
+class ChatRecorder(Recorder):
+    """A chat tokenizer stand-in: the template wraps each message in markers."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        assert tokenize is False and add_generation_prompt is True
+        self.messages.append(messages)
+        return "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages) + "<assistant>"
+
+    def __call__(self, text, add_special_tokens=True):
+        assert add_special_tokens is False  # the template already holds the special tokens
+        return super().__call__(text)
+
+
+def test_mmlu_pro_chat_form_is_the_plain_prompt_as_one_user_message(tmp_path):
+    rows = [{"question_id": i, "question": f"q{i}?", "options": ["x", "y"], "answer": "A",
+             "category": "bio"} for i in range(4)]
+    plain, chat = Recorder(), ChatRecorder()
+    mmlu_pro_prompts(_mmlu_file(tmp_path, rows), plain, 1, 2)
+    prompts = mmlu_pro_prompts(_mmlu_file(tmp_path, rows), chat, 1, 2, "chat")
+    assert chat.messages == [[{"role": "user", "content": plain.texts[0]}]]
+    assert chat.texts == [f"<user>{plain.texts[0]}</user><assistant>"]
+    assert len(prompts[0][1]) == len(chat.texts[0])
+    with pytest.raises(ValueError, match="prompt form 'json' must be one of"):
+        mmlu_pro_prompts(_mmlu_file(tmp_path, rows), Recorder(), 1, 2, "json")
+
+
 def _lynx(argv):
     try:
         return lynx_main(argv)
