@@ -170,16 +170,28 @@ def accepted_length(drafts: list[int], target: list[int]) -> int:
     return accept_greedy(drafts, target[:len(drafts) + 1]).num_accepted
 
 
+INTERVAL_KS = (10, 20)  # the paper's Fig. 10(a) reads P(>=10) and P(>=20)
+
+
 def summarize(lengths: list[int], num_tokens: int) -> dict:
-    """mean accepted length and ``p_at_least[k-1]`` = P(accepted >= k) for k = 1..num_tokens."""
+    """mean accepted length and ``p_at_least[k-1]`` = P(accepted >= k) for k = 1..num_tokens,
+    with 95% bootstrap intervals over the prompts (``intervals``: the mean and P(>= k) for k in
+    INTERVAL_KS): at 20-40 prompts one prompt moves P by 0.025-0.05, so a bar is missed or met
+    only where the interval says so."""
+    from .bootstrap import interval
+
     if not lengths:
         raise ValueError("no accepted lengths to summarize")
     bad = [n for n in lengths if not 0 <= n <= num_tokens]
     if bad:
         raise ValueError(f"accepted lengths {bad} are outside [0, {num_tokens=}]")
     n = len(lengths)
+    spans = {"mean": interval(lengths)}
+    spans.update({f"p_at_least_{k}": interval([float(x >= k) for x in lengths])
+                  for k in INTERVAL_KS if k <= num_tokens})
     return {"num_prompts": n, "mean": sum(lengths) / n,
             "p_at_least": [sum(x >= k for x in lengths) / n for k in range(1, num_tokens + 1)],
+            "intervals": {name: [i.low, i.high] for name, i in spans.items()},
             "lengths": list(lengths)}
 
 

@@ -275,6 +275,13 @@ def format_tables(report: dict) -> str:
             kl = f"{r['mean_kl']:.2e}" if "mean_kl" in r else "-"  # reports before 2026-11-27
             lines.append(f"{r['row']:<{width}}  {r['draft_bits_per_value']:>9.3f}  {kl:>9}  "
                          f"{r['mean']:>6.2f}  {_p(p, 10):>7}  {_p(p, 20):>7}  {p[-1]:>8.2f}")
+        spans = [(r["row"], r["intervals"]) for r in results if "intervals" in r]  # 2026-11-30 on
+        if spans:
+            lines.append("")
+            lines.append(f"{workload}: 95% bootstrap intervals over the prompts")
+            for row, iv in spans:
+                lines.append(f"{row:<{width}}  " + "  ".join(
+                    f"{_interval_label(name)} [{lo:.2f}, {hi:.2f}]" for name, (lo, hi) in iv.items()))
         lines.append("")
         heads = [_short(r) for r in results]
         widths = [max(6, len(h)) for h in heads]
@@ -285,6 +292,11 @@ def format_tables(report: dict) -> str:
                                                 for r, w in zip(results, widths)))
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _interval_label(name: str) -> str:
+    """"mean" or "P(>=k)" for summarize's "p_at_least_k"."""
+    return name if name == "mean" else f"P(>={name.rsplit('_', 1)[1]})"
 
 
 def _p(p: list[float], k: int) -> str:

@@ -62,6 +62,23 @@ def test_accepted_length_is_the_agreeing_prefix():
         accept.accepted_length([5, 6, 7], [5, 6, 7])
 
 
+def test_summarize_bounds_the_tail_by_a_bootstrap_interval():
+    # 30 of 40 prompts past 20 drafts: P(>=10) = P(>=20) = 0.75, and 0.90 (issue 19's bar for
+    # P(>=10)) is outside the interval at 40 prompts
+    s = accept.summarize([3] * 10 + [64] * 30, 64)
+    for k in (10, 20):
+        low, high = s["intervals"][f"p_at_least_{k}"]
+        assert low < 0.75 < high < 0.90
+    low, high = s["intervals"]["mean"]
+    assert low < s["mean"] < high
+    assert set(accept.summarize([0, 3, 3, 5], 5)["intervals"]) == {"mean"}  # k past N: none
+    assert "P(>=10) [" in format_tables({
+        "new_tokens": 64, "model": "m", "kv_dtype": "bfloat16",
+        "workloads": {"w": {"num_prompts": 40, "prompt_tokens_min": 1, "prompt_tokens_max": 2}},
+        "results": [{"workload": "w", "row": "x anchor -> full", "codec": "x", "target": "full",
+                     "draft_bits_per_value": 4.5, "mean_kl": 1e-3, **s}]})
+
+
 def test_summarize_gives_the_mean_and_the_tail():
     s = accept.summarize([0, 3, 3, 5], 5)
     assert s["mean"] == 2.75 and s["num_prompts"] == 4 and s["lengths"] == [0, 3, 3, 5]
