@@ -4,7 +4,7 @@ accept.py.
 
     lynx eval accept [--workloads qmsum,mmlu_pro] [--prompts 20] [--new-tokens 64] \\
         [--codecs lynx,kivi4,quantspec,int4,int8] [--qmsum-tokens 3072] [--shots 5] \\
-        [--threads 1] --json OUT.json --png OUT.png
+        [--mmlu-pro-form plain|chat] [--threads 1] --json OUT.json --png OUT.png
 
 Workloads (data under ``$LYNX_DATA``, else ``../shared/data``, as integration's demo_data finds
 it; or ``--qmsum`` / ``--mmlu-pro`` paths):
