@@ -97,6 +97,11 @@ def _stats_unorder(s: torch.Tensor, axis: str, num_heads: int, a_len: int) -> to
     return s.view(n, num_heads, a_len, -1)
 
 
+def page_range(xf32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each page channel's min and max over its tokens: [n, H, 1, D] each (the page's ``gamma``)."""
+    return xf32.amin(dim=2, keepdim=True), xf32.amax(dim=2, keepdim=True)
+
+
 def quantize(x: torch.Tensor, cfg: LynxConfig, which: str):
     """Quantize ``n`` pages of equal length. x: [n, H, Tp, D] (any float dtype).
 
@@ -106,8 +111,7 @@ def quantize(x: torch.Tensor, cfg: LynxConfig, which: str):
     n, h, tp, d = x.shape
     axis = cfg.axis(which)
     xf32 = x.float()
-    gmin = xf32.amin(dim=2, keepdim=True)
-    gmax = xf32.amax(dim=2, keepdim=True)
+    gmin, gmax = page_range(xf32)
     if not bool(torch.isfinite(gmax - gmin).all()):
         raise ValueError(range_error(which, x))
     inv_scale = reciprocal_or_zero(gmax - gmin)
