@@ -37,6 +37,8 @@ import re
 from dataclasses import dataclass
 
 from lynx_npu.codec.registry import get_codec, list_codecs, parameter_names
+from lynx_npu.transport.base import serde_for
+from lynx_npu.transport.lmcache_sender import check_sizable
 from lynx_npu.transport.lmcache_store import LMCacheConfig
 from lynx_npu.transport.mooncake_engine import MooncakeConfig
 
@@ -273,6 +275,11 @@ class LynxConnectorConfig:
             if self.role == "consumer" and self.port == 0:
                 raise ValueError("port=0 with transport='lmcache': the decode instance's port "
                                  "names its LMCache objects, give the one in the prefill's peer")
+            if self.role == "producer":
+                try:
+                    check_sizable(serde_for(self.codec_for(self.codec)))
+                except ValueError as e:
+                    raise ValueError(f"codec={self.codec!r} with transport='lmcache': {e}") from None
 
     def mooncake_config(self) -> MooncakeConfig:
         """This instance's Mooncake engine settings (the receiver's reads paced at gbps)."""

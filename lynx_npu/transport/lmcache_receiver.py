@@ -288,9 +288,12 @@ class LMCacheReceiver(KVReceiver):
             except ValueError as e:
                 raise WireError(f"cannot build its codec: {e}") from None
             # each layer's own sizes: a codec's split may differ by layer
-            sizes = [serde.for_layer(i, frame.num_layers).page_nbytes(
-                frame.num_tokens, frame.num_kv_heads, frame.head_dim, DTYPES[frame.dtype])
-                for i in range(frame.num_layers)]
+            try:
+                sizes = [serde.for_layer(i, frame.num_layers).page_nbytes(
+                    frame.num_tokens, frame.num_kv_heads, frame.head_dim, DTYPES[frame.dtype])
+                    for i in range(frame.num_layers)]
+            except ValueError as e:  # e.g. cachegen: sizes follow the values
+                raise WireError(f"its objects cannot be sized: {e}") from None
         except WireError as e:
             error = TransferError(f"request {rid}: header object: {e}")
             log.warning("%s", error)

@@ -61,6 +61,17 @@ def header_frame(request_id: int, meta: dict, has_residual: bool) -> bytes:
     return data + bytes(HEADER_OBJECT_BYTES - len(data))
 
 
+def check_sizable(serde, num_tokens: int = 256, num_kv_heads: int = 1, head_dim: int = 64,
+                  dtype: torch.dtype = torch.bfloat16) -> None:
+    """Refuse a codec whose object sizes follow the values (cachegen's entropy coding): the
+    receiver plans a request's objects from its header alone."""
+    try:
+        serde.page_nbytes(num_tokens, num_kv_heads, head_dim, dtype)
+    except ValueError as e:
+        raise ValueError(f"over LMCache the receiver sizes a request's objects from its "
+                         f"header: {e}; send it over tcp or mooncake") from None
+
+
 class LMCacheSender(KVSender):
     """Stores requests' KV as LMCache objects for the LMCacheReceiver of ``config.port``.
 
@@ -163,6 +174,8 @@ class LMCacheSender(KVSender):
                     dtype=DTYPE_CODES[dtype], num_kv_heads=int(num_kv_heads),
                     head_dim=int(head_dim), params=params_to_json(wire_params(codec)))
         header_frame(0, meta, True)  # fits its object, and every field its header slot
+        check_sizable(self._serde(codec, meta).for_layer(0, num_layers), int(num_tokens),
+                      int(num_kv_heads), int(head_dim), dtype)
         return meta
 
     def _serde(self, codec, meta: dict):

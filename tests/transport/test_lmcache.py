@@ -231,3 +231,41 @@ def test_close_fails_waiters(lmc):
     rx.close()
     with pytest.raises(TransportClosed):
         handle.wait(5)
+
+
+def test_a_header_whose_objects_cannot_be_sized_fails_its_request_only(lmc):
+    """A header object naming a codec whose page sizes depend on the values (cachegen): the
+    sender refuses to store one, and when another writes it anyway the receiver cannot size its
+    objects, so that request fails at once, naming why, and the requests beside it are still
+    read (the fetcher's pass used to raise on that header every time, so no other request's
+    anchors were ever read again)."""
+    import threading
+
+    import lynx_npu
+    from lynx_npu.codec import wire_params
+    from lynx_npu.transport.lmcache_sender import HEADER_KIND, header_frame
+    from lynx_npu.wire import DTYPE_CODES, params_to_json
+
+    rx, tx = lmc()
+    codec = small_codec("lynx")
+    layers = make_layers(num_layers=2, num_tokens=200, seed=22)
+    cachegen = lynx_npu.get_codec("cachegen")
+    with pytest.raises(ValueError, match=r"over LMCache .* value-dependent page sizes; send it "
+                                         r"over tcp or mooncake"):
+        tx.send(21, cachegen, layers)
+    assert tx.send(22, codec, layers).wait(30)
+    meta = dict(num_layers=2, num_tokens=200, codec_id=cachegen.codec_id,
+                dtype=DTYPE_CODES[torch.bfloat16], num_kv_heads=2, head_dim=16,
+                params=params_to_json(wire_params(cachegen)))
+    stored = threading.Event()
+    key = tx.store.key(tx.space, 21, HEADER_KIND)
+    assert tx.store.put([(key, header_frame(21, meta, True))], lambda _: stored.set()) == []
+    assert stored.wait(30)
+    bad, good = rx.request(21), rx.request(22)
+    t0 = time.monotonic()
+    with pytest.raises(TransferError, match=r"request 21: header object: .*cachegen.* "
+                                            r"value-dependent page sizes"):
+        bad.wait(30)
+    assert time.monotonic() - t0 < 10  # at once, not at the deadline
+    assert good.wait(30)
+    assert_kv_equal(good, expected_kv(codec, layers))

@@ -144,6 +144,9 @@ def test_withhold_layers_is_a_count():
     ("kv_consumer", {"host": None}, "host=None"),
     ("kv_producer", {"codec": "zstd"}, "codec='zstd' is not a codec; codecs: bf16, "),
     ("kv_producer", {"codec": "LYNX"}, "codec='LYNX' is not a codec"),
+    ("kv_producer", {"codec": "cachegen", "transport": "lmcache", "lmcache_dir": "/tmp"},
+     "codec='cachegen' with transport='lmcache': .* value-dependent page sizes; send it over "
+     "tcp or mooncake"),
     ("kv_producer", {"secret": " " * 16}, r"secret has 16 characters and ~0 bits"),
     ("kv_producer", {"secret": "a" * 64}, "~0 bits"),
     ("kv_producer", {"secret": "aaaaaaaabbbbbbbb"}, "~16 bits"),
