@@ -351,9 +351,8 @@ class ConsumerWorker:
                                    f" s after the anchor ({h.progress()})")
                 return
             what = "refine" if state.full else "progress"
-        if what != "progress" and h.num_tokens != t.job.num_tokens:
-            error = (f"transfer {t.job.transfer_id} carries {h.num_tokens} tokens, the "
-                     f"request expects {t.job.num_tokens}")
+        error = None if what == "progress" else self._mismatch(t.job, h)
+        if error is not None:
             if what == "refine":
                 self._lose(req_id, error)
             else:
@@ -362,6 +361,22 @@ class ConsumerWorker:
         if pages or what != "progress":
             self._jobs.append((req_id, what, self._pool.submit(self._write, t.job, h.serde,
                                                                h.dtype, pages)))
+
+    def _mismatch(self, job: LoadJob, h) -> str | None:
+        """Why the transfer cannot fill the request's blocks, or None: the sender's frames
+        say how many tokens, layers, KV heads and head size it carries; they must be the
+        request's tokens and the cache's shape (fewer layers would leave the others holding
+        what the blocks held before; other heads of the same page size would scramble them)."""
+        if h.num_tokens != job.num_tokens:
+            return (f"transfer {job.transfer_id} carries {h.num_tokens} tokens, the "
+                    f"request expects {job.num_tokens}")
+        kv = self.kv
+        if kv is not None and (h.num_layers, h.num_kv_heads, h.head_dim) != (
+                kv.num_layers, kv.num_kv_heads, kv.head_size):
+            return (f"transfer {job.transfer_id} carries {h.num_layers} layers of "
+                    f"{h.num_kv_heads} KV heads x {h.head_dim}, the cache has "
+                    f"{kv.num_layers} layers of {kv.num_kv_heads} KV heads x {kv.head_size}")
+        return None
 
     def _may_start_early(self, t: _Transfer, now: float) -> bool:
         """A split-stream transfer whose anchor is expected within ``early_start_s``: its

@@ -2,12 +2,13 @@
 that come before their request wait in the inbox, but not forever and not without bound, and a
 request whose transfer was dropped recomputes at once. The pages enter where the receiver's
 threads hand them on (``PageInbox.on_page``); the receiver is the real embedded one."""
+import logging
 import time
 
 import pytest
 
 from lynx_npu.integration.vllm_ascend.config import LynxConnectorConfig
-from lynx_npu.integration.vllm_ascend.consumer_worker import ConsumerWorker, PageInbox
+from lynx_npu.integration.vllm_ascend.consumer_worker import ConsumerWorker, PageInbox, log
 from lynx_npu.integration.vllm_ascend.messages import LoadJob
 from lynx_npu.ops import WirePage
 
@@ -157,3 +158,53 @@ def test_a_residual_completed_after_the_last_layer_wait_refines_at_finish_step()
     finally:
         senders.close()
         w.close()
+
+
+@pytest.mark.parametrize("sent", [(1, 2, 64), (2, 4, 32)])
+def test_a_transfer_of_another_shape_than_the_cache_is_recomputed_not_loaded(sent):
+    """A producer whose model differs from the consumer's (fewer layers, or 4 KV heads of 32
+    where the cache has 2 of 64: the same page sizes) sends a transfer of the right token
+    count: loaded, it would leave the cache's other layers as whatever the blocks held before,
+    or scramble the heads. The load fails and the request recomputes instead of being reported
+    loaded. Real sender, real receiver, a real paged cache."""
+    import torch
+
+    import lynx_npu
+    from lynx_npu.integration.vllm_ascend.transports import Senders
+    from lynx_npu.ops import KV_CACHE_LAYOUTS, PagedKVCache
+
+    lay, bs, tokens = KV_CACHE_LAYOUTS["vllm_cpu"], 16, 100
+    num_layers, heads, dim = sent
+    w = ConsumerWorker(LynxConnectorConfig(role="consumer"), 0, 1)
+    w.register(PagedKVCache.build(lay, [lay.allocate(8, bs, 2, 64, torch.bfloat16, fill=0.0)
+                                        for _ in range(2)]))
+    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer", {}))
+    try:
+        g = torch.Generator().manual_seed(0)
+        layers = [tuple(torch.randn(heads, tokens, dim, generator=g).to(torch.bfloat16)
+                        for _ in "kv") for _ in range(num_layers)]
+        handle = w.receiver.request(5)
+        senders.get("127.0.0.1", w.port).send(5, lynx_npu.get_codec("lynx"), layers)
+        assert handle.wait(30)
+        seen = _Records()
+        log.addHandler(seen)
+        try:
+            w.bind([LoadJob("r", 5, tuple(range(7)), tokens)], [])
+        finally:
+            log.removeHandler(seen)
+        assert w.finish_step(set()) == ({"r"}, {"r"})   # failed: recomputed locally
+        assert (f"transfer 5 carries {num_layers} layers of {heads} KV heads x {dim}, the "
+                f"cache has 2 layers of 2 KV heads x 64") in seen.text
+        assert w.leak_state()["transfers"] == {}
+    finally:
+        senders.close()
+        w.close()
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.text = ""
+
+    def emit(self, record):
+        self.text += record.getMessage() + "\n"
