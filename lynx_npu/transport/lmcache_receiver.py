@@ -38,6 +38,10 @@ from .receive_state import OnPage, PageJob, ReceiveHandle, RequestRejected
 
 log = logging.getLogger(__name__)
 _BATCH_BYTES = 32 << 20  # residual bytes read per pass (the L1 must hold them)
+# Objects one header may name. Planning and polling cost ~15 us each, and max_request_bytes
+# caps KV bytes, not objects: one KV head of one dim within it is ~10^7 pages. A real model at
+# 8 GiB of KV is ~10^5 (SmolLM2: 87K at pages of 256).
+MAX_REQUEST_OBJECTS = 1 << 20
 
 
 @dataclass
@@ -287,19 +291,28 @@ class LMCacheReceiver(KVReceiver):
                 codec, serde = self._codec(frame.codec_id, frame.params)
             except ValueError as e:
                 raise WireError(f"cannot build its codec: {e}") from None
-            # each layer's own sizes: a codec's split may differ by layer
-            try:
-                sizes = [serde.for_layer(i, frame.num_layers).page_nbytes(
-                    frame.num_tokens, frame.num_kv_heads, frame.head_dim, DTYPES[frame.dtype])
-                    for i in range(frame.num_layers)]
-            except ValueError as e:  # e.g. cachegen: sizes follow the values
-                raise WireError(f"its objects cannot be sized: {e}") from None
+            has_residual = bytes(frame.payload) == b"\x01"
+
+            def layer_sizes(i):  # a codec's split may differ by layer, its pages do not
+                try:
+                    return serde.for_layer(i, frame.num_layers).page_nbytes(
+                        frame.num_tokens, frame.num_kv_heads, frame.head_dim,
+                        DTYPES[frame.dtype])
+                except ValueError as e:  # e.g. cachegen: sizes follow the values
+                    raise WireError(f"its objects cannot be sized: {e}") from None
+            first = layer_sizes(0)
+            streams = 1 + (has_residual and any(r is not None for *_, r in first))
+            objects = frame.num_layers * len(first) * streams
+            if objects > MAX_REQUEST_OBJECTS:
+                raise WireError(f"it names {objects} objects ({frame.num_layers} layers x "
+                                f"{len(first)} pages x {streams} streams), over the receiver's "
+                                f"{MAX_REQUEST_OBJECTS} per request")
+            sizes = [first] + [layer_sizes(i) for i in range(1, frame.num_layers)]
         except WireError as e:
             error = TransferError(f"request {rid}: header object: {e}")
             log.warning("%s", error)
             handle.fail(error)
             return
-        has_residual = bytes(frame.payload) == b"\x01"
         base = HEADER_SIZE + len(frame.params)
         anchors, residuals = {}, {}
         for layer in range(frame.num_layers):
