@@ -10,10 +10,12 @@ registered staging buffer, anchors first; CRC check; admission; ACK / ERROR); pa
 
 Faults: a descriptor frame whose payload CRC fails is NACKed (the sender sends it again); a
 descriptor this receiver refuses (malformed, a length beyond the page's cap, a segment that is
-not the control peer's) fails its request on both sides, naming the field; an engine read that
-fails, or bytes whose CRC32C differs from the descriptor's, is tried again ``read_retries``
-times, then fails the request naming the segment, address and status; a request past its
-deadline fails with TransferDeadlineError on every waiter.
+not the control peer's) fails its request on both sides, naming the field, and so does a
+descriptor frame whose intact header breaks a limit (WireLimits, or an unknown codec; its
+payload is skipped in 64 KiB pieces: the connection and its other requests go on, as over
+TCP); an engine read that fails, or bytes whose CRC32C differs from the descriptor's, is tried
+again ``read_retries`` times, then fails the request naming the segment, address and status;
+a request past its deadline fails with TransferDeadlineError on every waiter.
 
 Hostile peers, as the TCP receiver (receiver.py): control reads allocate what arrived; the whole
 handshake has a deadline and slow handshakes are evicted oldest first (connection_slots.py); a
@@ -36,8 +38,9 @@ from dataclasses import dataclass
 
 from ..codec import codec_from_wire
 from ..ops.page_serde import WirePage
-from ..wire import (DATA_KINDS, HEADER_SIZE, ChecksumError, Frame, Kind, UnknownCodecError,
-                    UnsupportedVersionError, WireError, crc32c, encode_frame, params_from_json)
+from ..wire import (DATA_KINDS, HEADER_SIZE, ChecksumError, Frame, FrameFieldError, Kind,
+                    UnknownCodecError, UnsupportedVersionError, WireError, crc32c, encode_frame,
+                    params_from_json)
 from .base import KVReceiver, OnEncoded, SerdeFactory, serde_for
 from .config import ReceiverConfig
 from .connection import FrameSocket, server_handshake
@@ -268,6 +271,15 @@ class MooncakeReceiver(KVReceiver):
                                                 page=h.page, ref_kind=int(h.kind))])
                         continue
                     raise
+                except FrameFieldError as e:
+                    if e.header is None or e.header.kind not in DATA_KINDS:
+                        raise
+                    # An intact header past a limit: refuse its request by id, then skip the
+                    # payload the sender sends anyway (in 64 KiB pieces), keeping the
+                    # connection and every other request on it.
+                    self._send(conn, [self._on_refused(e.header, owner, str(e))])
+                    conn.skip(e.payload_len)
+                    continue
                 if frame.kind not in DATA_KINDS:
                     raise WireError(f"unexpected {frame.kind.name} frame after the handshake")
                 reply = self._on_descriptor(conn, peer, owner, frame)
@@ -281,6 +293,17 @@ class MooncakeReceiver(KVReceiver):
         finally:
             conn.close()
             self._conns.remove(conn)
+
+    def _on_refused(self, header: Frame, owner, reason: str) -> Frame:
+        """A descriptor frame broke a limit: its request fails here (if this sender owns it)
+        and the sender is told, naming the limit."""
+        rid = header.request_id
+        handle, refusal = self._requests.for_frame(rid, owner)
+        where = f"layer {header.layer} page {header.page} {Kind(header.kind).name}"
+        if handle is not None and not handle.finished:  # a completed request keeps its pages
+            handle.fail(RemoteError(f"request {rid}: {where}: frame refused: {reason}"))
+        log.warning("request %d: refusing a descriptor frame: %s", rid, refusal or reason)
+        return self._error(rid, refusal or f"{where}: frame refused: {reason}")
 
     def _on_descriptor(self, conn: FrameSocket, peer: str, owner, frame: Frame) -> Frame | None:
         """Queue a descriptor frame's read; -> a reply to send now (ACK of a late duplicate,

@@ -31,7 +31,8 @@ from lynx_npu.transport.mooncake_descriptor import parse_descriptor  # noqa: E40
 from lynx_npu.transport.mooncake_engine import engine_class  # noqa: E402
 from lynx_npu.transport.mooncake_receiver import FetchQueue, _Fetch  # noqa: E402
 from lynx_npu.wire import (DEFAULT_LIMITS, DTYPE_CODES, NONCE_BYTES, Compat, Frame,  # noqa: E402
-                           Kind, crc32c, encode_frame, max_data_payload, params_to_json)
+                           Kind, WireLimits, crc32c, encode_frame, max_data_payload,
+                           params_to_json)
 from lynx_npu.codec import wire_params  # noqa: E402
 
 from .fault_proxy import ACTIONS, FaultProxy  # noqa: E402
@@ -269,6 +270,36 @@ def test_bad_control_message_is_refused_before_any_read(raw, field):
 
 
 @needs_engine
+@pytest.mark.parametrize("fields, named", [
+    (dict(num_layers=3, layer=2), b"frame field 'num_layers': 3 must be in [1, max_layers=2]"),
+    (dict(codec_id=200), b"frame field 'codec_id': unknown codec id 200"),
+], ids=["num_layers", "codec_id"])
+def test_a_descriptor_header_past_a_limit_is_refused_by_id_and_its_payload_skipped(fields,
+                                                                                  named):
+    """Before the fix the first closed the control connection and the second was answered
+    for request 0, which fails every request of the sender."""
+    desc = PageDescriptor("127.0.0.1:15436", 4096, 64, 0).pack()
+    with MooncakeReceiver(ReceiverConfig(limits=WireLimits(max_layers=2))) as receiver:
+        conn = _raw_control(receiver.port)
+        try:
+            conn.sock.sendall(encode_frame(Frame(**{**_frame(rid=5, payload=desc).__dict__,
+                                                    **fields})))
+            reply = conn.read()
+            assert (reply.kind, reply.request_id) == (Kind.ERROR, 5)
+            assert named in bytes(reply.payload)
+            # the stream is still in step: the next frame is read and answered on its own
+            conn.send(_frame(rid=6, payload=b"not a descriptor"))
+            reply = conn.read()
+            assert (reply.kind, reply.request_id) == (Kind.ERROR, 6)
+            assert b"field 'payload'" in bytes(reply.payload)
+        finally:
+            conn.close()
+        with pytest.raises(RemoteError, match=r"request 5: layer .* frame refused: "):
+            receiver.request(5).wait(WAIT)
+        assert receiver.reads == 0
+
+
+@needs_engine
 def test_a_segment_on_another_host_is_refused():
     with MooncakeReceiver(ReceiverConfig()) as receiver:
         conn = _raw_control(receiver.port)
@@ -493,3 +524,36 @@ def test_a_request_belongs_to_the_session_that_opened_it():
         assert handle.wait(WAIT) and sent.wait(WAIT)
         assert_kv_equal(handle, expected_kv(codec, layers))
         assert receiver.reads - reads <= 2 * 2 * 2  # the real request's reads only, if any
+
+
+@needs_engine
+@pytest.mark.parametrize("receiver_kw, named", [
+    ({"limits": WireLimits(max_layers=2)}, r"frame field 'num_layers': 3 .*max_layers=2"),
+    ({"max_request_bytes": 64 << 10},
+     r"request KV of 115200 bytes exceeds the receiver's max_request_bytes=65536"),
+], ids=["max_layers", "max_request_bytes"])
+def test_a_request_past_a_limit_fails_alone_and_the_connection_stays(receiver_kw, named):
+    """The Mooncake sender does not check the receiver's limits (the TCP Sender does:
+    test_refusals.py), so it offers a request the receiver refuses. Before the fix a
+    descriptor whose header broke a WireLimits bound closed the control connection: the
+    sender reconnected and resent it first, so neither request got through before its
+    deadline. Only that request fails, naming the limit; the bystander on the same
+    connection arrives bit-identical."""
+    codec = small_codec("lynx")
+    big, small = make_layers(3, 300), make_layers(2, 150, seed=5)  # 115200 and 38400 KV bytes
+    with _Pair(receiver_kw=receiver_kw, sender_kw={"deadline_s": 60, "retransmit_s": 30}) \
+            as (receiver, sender):
+        with sender.paused():  # both queued: the refused request's descriptors go first
+            refused, bystander = sender.send(1, codec, big), sender.send(2, codec, small)
+            assert refused.queued.wait(WAIT) and bystander.queued.wait(WAIT)
+        # a RemoteError naming the limit, not the deadline's (60 s, past WAIT): refused
+        with pytest.raises(RemoteError, match=r"request 1: the receiver failed it: .*" + named):
+            refused.wait(WAIT)
+        with pytest.raises(RemoteError, match=named):
+            receiver.request(1).wait(WAIT)
+        assert bystander.wait(WAIT)
+        handle = receiver.request(2)
+        assert handle.wait(WAIT)
+        assert_kv_equal(handle, expected_kv(codec, small))
+        assert sender.last_error == ""  # one control connection throughout
+        assert receiver.num_connections == 1
