@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..codec import wire_params
 from ..ops.page_serde import EncodedLayer, WirePage
-from ..wire import DTYPE_CODES, Frame, Kind, encode_frame, params_to_json
+from ..wire import Frame, Kind, encode_frame
 from .base import KVSender, SerdeFactory, serde_for
 from .config import SenderConfig
 from .errors import TransferDeadlineError, TransferError, TransportClosed
 from .lmcache_store import HEADER_OBJECT_BYTES, LMCacheConfig, LMCacheStore, namespace
+from .request_checks import request_meta
 from .send_queue import SendQueue
 from .sender import SendHandle
 
@@ -164,15 +164,9 @@ class LMCacheSender(KVSender):
 
     # -- intake -----------------------------------------------------------------------------------
     def _meta(self, codec, num_layers, num_tokens, num_kv_heads, head_dim, dtype) -> dict:
-        if not hasattr(codec, "codec_id") or not hasattr(codec, "params"):
-            raise ValueError(f"{codec!r} has no codec_id/params(): build it with "
-                             f"lynx_npu.get_codec(name)")
-        if dtype not in DTYPE_CODES:
-            raise ValueError(f"{dtype=} must be one of {list(DTYPE_CODES)}")
-        self.config.compat.check_declared(codec)
-        meta = dict(num_layers=num_layers, num_tokens=int(num_tokens), codec_id=codec.codec_id,
-                    dtype=DTYPE_CODES[dtype], num_kv_heads=int(num_kv_heads),
-                    head_dim=int(head_dim), params=params_to_json(wire_params(codec)))
+        # no handshake, so no receiver limits: the receiver checks the header (lmcache_receiver)
+        meta = request_meta(self.config.compat, codec, num_layers, num_tokens, num_kv_heads,
+                            head_dim, dtype, None)
         header_frame(0, meta, True)  # fits its object, and every field its header slot
         check_sizable(self._serde(codec, meta).for_layer(0, num_layers), int(num_tokens),
                       int(num_kv_heads), int(head_dim), dtype)

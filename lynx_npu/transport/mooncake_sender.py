@@ -10,6 +10,11 @@ the two queues, anchors first); one writer (pops the queues onto the control con
 reconnects after a failure, or once it has descriptors again after the receiver closed an idle
 connection, resending every unacknowledged descriptor: the receiver applies nothing twice); per connection a reader (ACK / NACK / ERROR); one watchdog (deadlines, and
 descriptors left unacknowledged for ``retransmit_s`` sent again).
+
+Limits: as the TCP Sender, it keeps the limits the receiver announced in its HELLO (each
+handshake's, from the first in the constructor on) and refuses a request past them before
+offering any of it (request_checks.py): ``send()`` raises ValueError naming the limit, and a
+page past ``max_payload_bytes`` fails its request before that page's descriptor is sent.
 """
 from __future__ import annotations
 
@@ -25,10 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..codec import EncodedPage, wire_params
+from ..codec import EncodedPage
 from ..ops.page_serde import EncodedLayer, WirePage, wire_pages
-from ..wire import (DATA_KINDS, DTYPE_CODES, Frame, Kind, WireError, crc32c, encode_frame,
-                    params_to_json)
+from ..wire import DATA_KINDS, Frame, Kind, ReceiveLimits, WireError, crc32c, encode_frame
 from ..wire.limits import DEFAULT_LIMITS
 from .base import KVSender, SerdeFactory, serde_for
 from .config import SenderConfig
@@ -37,6 +41,7 @@ from .errors import (HandshakeError, RemoteError, TransferDeadlineError, Transfe
                      TransportClosed)
 from .mooncake_descriptor import PageDescriptor
 from .mooncake_engine import MooncakeConfig, MooncakeEngine
+from .request_checks import page_refused, request_meta
 from .send_queue import SendQueue
 from .sender import SendHandle
 
@@ -103,6 +108,9 @@ class MooncakeSender(KVSender):
         # (a reconnect under a new one would see its own requests refused).
         self.session = new_session()
         self._compat = dataclasses.replace(config.compat, session=self.session)
+        # The receiver's limits, from its handshake (None: it announced none); a request past
+        # them is refused here before any descriptor of it is sent (request_checks.py).
+        self.receiver_limits: ReceiveLimits | None = None
         try:
             self._connect()  # fail fast: unreachable receiver or a refused handshake
         except BaseException:
@@ -199,15 +207,8 @@ class MooncakeSender(KVSender):
 
     # -- intake and staging ----------------------------------------------------------------------
     def _meta(self, codec, num_layers, num_tokens, num_kv_heads, head_dim, dtype) -> dict:
-        if not hasattr(codec, "codec_id") or not hasattr(codec, "params"):
-            raise ValueError(f"{codec!r} has no codec_id/params(): build it with "
-                             f"lynx_npu.get_codec(name)")
-        if dtype not in DTYPE_CODES:
-            raise ValueError(f"{dtype=} must be one of {list(DTYPE_CODES)}")
-        self.config.compat.check_declared(codec)
-        return dict(num_layers=num_layers, num_tokens=int(num_tokens), codec_id=codec.codec_id,
-                    dtype=DTYPE_CODES[dtype], num_kv_heads=int(num_kv_heads),
-                    head_dim=int(head_dim), params=params_to_json(wire_params(codec)))
+        return request_meta(self.config.compat, codec, num_layers, num_tokens, num_kv_heads,
+                            head_dim, dtype, self.receiver_limits)
 
     def _serde(self, codec, meta: dict):
         key = (meta["codec_id"], meta["params"])
@@ -264,6 +265,13 @@ class MooncakeSender(KVSender):
         pieces = [(page, kind, memoryview(data).cast("B")) for page in pages
                   for kind, data in ((Kind.ANCHOR, page.anchor), (Kind.RESIDUAL, page.residual))
                   if data is not None and kind in kinds]
+        limits = self.receiver_limits
+        for page, kind, view in pieces:
+            refused = page_refused(limits, handle.request_id, meta, layer, page.index, kind,
+                                   page.token_end - page.token_start, view.nbytes)
+            if refused:  # the receiver would refuse its descriptor: fail now, offer no more
+                self._fail(handle, refused)
+                return
         total = sum(view.nbytes for *_, view in pieces)
         if total == 0:
             return
@@ -308,12 +316,14 @@ class MooncakeSender(KVSender):
         sock = socket.create_connection((cfg.host, cfg.port), timeout=cfg.connect_timeout_s)
         conn = FrameSocket(sock, DEFAULT_LIMITS)
         try:
-            client_handshake(conn, cfg.secret, self._compat)
+            receiver = client_handshake(conn, cfg.secret, self._compat)
         except BaseException:
             conn.close()
             raise
         sock.settimeout(None)
         with self._lock:
+            if receiver.limits is not None:
+                self.receiver_limits = receiver.limits
             self._generation += 1
             self._conn, gen = conn, self._generation
         threading.Thread(target=self._read_loop, args=(conn, gen), daemon=True,

@@ -19,7 +19,8 @@ there are frames to send.
 
 Peers: every connection announces one session id (the receiver binds the sender's requests
 to it); the receiver announces its limits, and a request it would refuse is refused here
-before any of it is sent (send() raises, or the request fails naming the limit). ``Sender()``
+before any of it is sent (send() raises, or the request fails naming the limit: the checks
+in request_checks.py, which the MooncakeSender shares). ``Sender()``
 retries a handshake cut or corrupted in transit (``handshake_attempts``), then raises
 HandshakeError; a refusal (authentication, compatibility) is raised at once.
 """
@@ -36,10 +37,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..codec import EncodedPage, wire_params
+from ..codec import EncodedPage
 from ..ops.page_serde import EncodedLayer, WirePage, wire_pages
-from ..wire import (DATA_KINDS, DTYPE_CODES, Frame, Kind, ReceiveLimits, WireError, crc32c,
-                    pack_header, page_table, params_to_json, table_nbytes)
+from ..wire import (DATA_KINDS, Frame, Kind, ReceiveLimits, WireError, crc32c, pack_header,
+                    page_table, table_nbytes)
 from ..wire.limits import DEFAULT_LIMITS
 from .base import KVSender, SerdeFactory, serde_for
 from .config import SenderConfig
@@ -49,6 +50,7 @@ from .errors import (HandshakeError, RemoteError, TransferDeadlineError, Transfe
 from .events import StageEvent
 from .priority import lower_this_thread
 from .rate_limit import TokenBucket
+from .request_checks import page_refused, request_meta
 from .send_queue import SendQueue
 
 log = logging.getLogger(__name__)
@@ -361,22 +363,8 @@ class Sender(KVSender):
 
     # -- request intake and compression --------------------------------------------------------
     def _meta(self, codec, num_layers, num_tokens, num_kv_heads, head_dim, dtype) -> dict:
-        if not hasattr(codec, "codec_id") or not hasattr(codec, "params"):
-            raise ValueError(f"{codec!r} has no codec_id/params(): build it with "
-                             f"lynx_npu.get_codec(name)")
-        if dtype not in DTYPE_CODES:
-            raise ValueError(f"{dtype=} must be one of {list(DTYPE_CODES)}")
-        self.config.compat.check_declared(codec)  # the receiver agreed to these codecs only
-        meta = dict(num_layers=num_layers, num_tokens=int(num_tokens), codec_id=codec.codec_id,
-                    dtype=DTYPE_CODES[dtype], num_kv_heads=int(num_kv_heads),
-                    head_dim=int(head_dim), params=params_to_json(wire_params(codec)))
-        limits = self.receiver_limits
-        refusal = limits and limits.request_refusal(
-            num_layers, meta["num_tokens"], meta["num_kv_heads"], meta["head_dim"],
-            dtype.itemsize, len(meta["params"]))
-        if refusal:  # the receiver would refuse it: say so now, send nothing
-            raise ValueError(f"the receiver would refuse this request: {refusal}")
-        return meta
+        return request_meta(self.config.compat, codec, num_layers, num_tokens, num_kv_heads,
+                            head_dim, dtype, self.receiver_limits)
 
     def _submit(self, request_id, meta, layer_pages, deadline_s) -> SendHandle:
         if not isinstance(request_id, int) or not 0 <= request_id < 2**64:
@@ -442,13 +430,11 @@ class Sender(KVSender):
                     views.insert(0, memoryview(page_table(
                         [p.token_end for p, _ in group], [v.nbytes for _, v in group])))
                 size = sum(v.nbytes for v in views)
-                refusal = limits and limits.page_refusal(
-                    last.token_end - first.token_start, meta["num_kv_heads"],
-                    meta["head_dim"], size - table_nbytes(len(group) - 1))
-                if refusal:  # the receiver would refuse it: fail now, not by the deadline
-                    self._fail(handle, TransferError(
-                        f"request {handle.request_id}: layer {layer} page {first.index} "
-                        f"{kind.name.lower()}: {refusal}"))
+                refused = page_refused(limits, handle.request_id, meta, layer, first.index, kind,
+                                       last.token_end - first.token_start,
+                                       size - table_nbytes(len(group) - 1))
+                if refused:  # the receiver would refuse it: fail now, not by the deadline
+                    self._fail(handle, refused)
                     return
                 crc = 0
                 for v in views:

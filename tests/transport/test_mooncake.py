@@ -31,8 +31,8 @@ from lynx_npu.transport.mooncake_descriptor import parse_descriptor  # noqa: E40
 from lynx_npu.transport.mooncake_engine import engine_class  # noqa: E402
 from lynx_npu.transport.mooncake_receiver import FetchQueue, _Fetch  # noqa: E402
 from lynx_npu.wire import (DEFAULT_LIMITS, DTYPE_CODES, NONCE_BYTES, Compat, Frame,  # noqa: E402
-                           Kind, WireLimits, crc32c, encode_frame, max_data_payload,
-                           params_to_json)
+                           Kind, ReceiveLimits, WireLimits, crc32c, encode_frame,
+                           max_data_payload, params_to_json)
 from lynx_npu.codec import wire_params  # noqa: E402
 
 from .fault_proxy import ACTIONS, FaultProxy  # noqa: E402
@@ -533,16 +533,19 @@ def test_a_request_belongs_to_the_session_that_opened_it():
      r"request KV of 115200 bytes exceeds the receiver's max_request_bytes=65536"),
 ], ids=["max_layers", "max_request_bytes"])
 def test_a_request_past_a_limit_fails_alone_and_the_connection_stays(receiver_kw, named):
-    """The Mooncake sender does not check the receiver's limits (the TCP Sender does:
-    test_refusals.py), so it offers a request the receiver refuses. Before the fix a
-    descriptor whose header broke a WireLimits bound closed the control connection: the
-    sender reconnected and resent it first, so neither request got through before its
-    deadline. Only that request fails, naming the limit; the bystander on the same
-    connection arrives bit-identical."""
+    """The receiver's refusal, for a sender that offers a request past its limits (the
+    MooncakeSender refuses such a request itself: the next test; here it is made to forget
+    them). Before the fix a descriptor whose header broke a WireLimits bound closed the
+    control connection: the sender reconnected and resent it first, so neither request got
+    through before its deadline. Only that request fails, naming the limit; the bystander on
+    the same connection arrives bit-identical."""
     codec = small_codec("lynx")
     big, small = make_layers(3, 300), make_layers(2, 150, seed=5)  # 115200 and 38400 KV bytes
     with _Pair(receiver_kw=receiver_kw, sender_kw={"deadline_s": 60, "retransmit_s": 30}) \
             as (receiver, sender):
+        # Bypass the sender's own check (request_checks.py), as a sender that never learnt
+        # the limits: what is tested is the receiver refusing the descriptors.
+        sender.receiver_limits = None
         with sender.paused():  # both queued: the refused request's descriptors go first
             refused, bystander = sender.send(1, codec, big), sender.send(2, codec, small)
             assert refused.queued.wait(WAIT) and bystander.queued.wait(WAIT)
@@ -557,3 +560,59 @@ def test_a_request_past_a_limit_fails_alone_and_the_connection_stays(receiver_kw
         assert_kv_equal(handle, expected_kv(codec, small))
         assert sender.last_error == ""  # one control connection throughout
         assert receiver.num_connections == 1
+
+
+@needs_engine
+@pytest.mark.parametrize("receiver_kw, named", [
+    ({"limits": WireLimits(max_layers=2)}, "num_layers=3 exceeds the receiver's max_layers=2"),
+    ({"max_request_bytes": 64 << 10},
+     "request KV of 115200 bytes exceeds the receiver's max_request_bytes=65536"),
+], ids=["max_layers", "max_request_bytes"])
+def test_the_sender_refuses_a_request_past_the_receivers_limits_before_sending(receiver_kw,
+                                                                                named):
+    """As the TCP Sender (test_refusals.py): the limits come with the receiver's HELLO, and
+    send() raises naming the limit with no descriptor sent (the receiver has no trace of the
+    request); a bystander on the same control connection arrives bit-identical."""
+    codec = small_codec("lynx")
+    big, small = make_layers(3, 300), make_layers(2, 150, seed=5)  # 115200 and 38400 KV bytes
+    cfg = ReceiverConfig(**receiver_kw)
+    with _Pair(receiver_kw=receiver_kw, sender_kw={"deadline_s": 60, "retransmit_s": 30}) \
+            as (receiver, sender):
+        assert sender.receiver_limits == ReceiveLimits.of(cfg.limits, cfg.max_request_bytes)
+        with pytest.raises(ValueError, match="the receiver would refuse this request: " + named):
+            sender.send(1, codec, big)
+        bystander = sender.send(2, codec, small)
+        assert bystander.wait(WAIT)
+        handle = receiver.request(2)
+        assert handle.wait(WAIT)
+        assert_kv_equal(handle, expected_kv(codec, small))
+        refused = receiver.request(1)  # created now: no descriptor of request 1 came
+        assert refused.error is None and not refused.arrivals and not refused.finished
+        assert sender.engine.num_buffers == 0
+        assert sender.last_error == "" and receiver.num_connections == 1
+
+
+@needs_engine
+def test_a_page_past_max_payload_bytes_fails_before_its_descriptor_is_sent():
+    """A bf16 page of 64 tokens is 8 KiB, past the receiver's max_payload_bytes=6000: the
+    request fails on the sender naming the bound, as over TCP (test_refusals.py), its
+    descriptors never offered; an int8 bystander (pages under 6000 bytes) arrives exact."""
+    codec, layers = small_codec("int8"), make_layers(2, 150, seed=5)
+    with _Pair(receiver_kw={"limits": WireLimits(max_payload_bytes=6000)},
+               sender_kw={"deadline_s": 60, "retransmit_s": 30}) as (receiver, sender):
+        sent = sender.send(1, small_codec("bf16"), make_layers(1, 64))
+        with pytest.raises(TransferError, match=r"request 1: layer 0 page 0 anchor: a page "
+                                                r"payload of 8192 bytes exceeds the receiver's "
+                                                r"bound of 6000 \(max_payload_bytes=6000\)"):
+            sent.wait(WAIT)
+        assert not isinstance(sent.done.error, RemoteError)  # refused here, not by the receiver
+        assert sent.num_frames == 0
+        bystander = sender.send(2, codec, layers)
+        assert bystander.wait(WAIT)
+        handle = receiver.request(2)
+        assert handle.wait(WAIT)
+        assert_kv_equal(handle, expected_kv(codec, layers))
+        refused = receiver.request(1)  # created now: no descriptor of request 1 came
+        assert refused.error is None and not refused.arrivals and not refused.finished
+        assert sender.engine.num_buffers == 0
+        assert sender.last_error == "" and receiver.num_connections == 1

@@ -1,0 +1,53 @@
+"""What a sender checks of a request before sending any of it, shared by the TCP Sender
+(sender.py), the MooncakeSender (mooncake_sender.py) and the LMCacheSender (lmcache_sender.py:
+no handshake, so no receiver limits).
+
+``request_meta``: the codec and dtype, the codecs this sender declared in its handshake, and
+the request's shape and size against the limits the receiver announced in its HELLO
+(wire.ReceiveLimits.request_refusal); ``send()`` raises ValueError naming the limit.
+``page_refused``: one page payload (a TCP frame's, or the bytes a Mooncake descriptor points
+at) against ``max_payload_bytes`` and the page's shape bound (ReceiveLimits.page_refusal); the
+request fails with TransferError naming it before that page is offered.
+
+The receiver runs the same checks (wire.read_frame, receive_state.py, mooncake_descriptor.py)
+and would refuse what fails here: refusing first fails the request at once, nothing of it on
+the wire. ``limits`` is None while the receiver has announced none: nothing is checked then.
+"""
+from __future__ import annotations
+
+from ..codec import wire_params
+from ..wire import DTYPE_CODES, Compat, Kind, ReceiveLimits, params_to_json
+from .errors import TransferError
+
+
+def request_meta(compat: Compat, codec, num_layers: int, num_tokens: int, num_kv_heads: int,
+                 head_dim: int, dtype, limits: ReceiveLimits | None) -> dict:
+    """The header fields every frame of the request carries; ValueError if the request cannot
+    be sent (not a wire codec, an unknown dtype, a codec not declared, past ``limits``)."""
+    if not hasattr(codec, "codec_id") or not hasattr(codec, "params"):
+        raise ValueError(f"{codec!r} has no codec_id/params(): build it with "
+                         f"lynx_npu.get_codec(name)")
+    if dtype not in DTYPE_CODES:
+        raise ValueError(f"{dtype=} must be one of {list(DTYPE_CODES)}")
+    compat.check_declared(codec)  # the receiver agreed to these codecs only
+    meta = dict(num_layers=num_layers, num_tokens=int(num_tokens), codec_id=codec.codec_id,
+                dtype=DTYPE_CODES[dtype], num_kv_heads=int(num_kv_heads),
+                head_dim=int(head_dim), params=params_to_json(wire_params(codec)))
+    refusal = limits and limits.request_refusal(
+        num_layers, meta["num_tokens"], meta["num_kv_heads"], meta["head_dim"],
+        dtype.itemsize, len(meta["params"]))
+    if refusal:  # the receiver would refuse it: say so now, send nothing
+        raise ValueError(f"the receiver would refuse this request: {refusal}")
+    return meta
+
+
+def page_refused(limits: ReceiveLimits | None, request_id: int, meta: dict, layer: int,
+                 page: int, kind: Kind, num_tokens: int, payload_len: int) -> TransferError | None:
+    """The error to fail the request with if the receiver would refuse this page payload
+    (``num_tokens`` tokens from page index ``page`` on, ``payload_len`` bytes), else None."""
+    refusal = limits and limits.page_refusal(num_tokens, meta["num_kv_heads"],
+                                             meta["head_dim"], payload_len)
+    if not refusal:
+        return None
+    return TransferError(f"request {request_id}: layer {layer} page {page} "
+                         f"{Kind(kind).name.lower()}: {refusal}")
