@@ -280,6 +280,9 @@ class MooncakeReceiver(KVReceiver):
                     self._send(conn, [self._on_refused(e.header, owner, str(e))])
                     conn.skip(e.payload_len)
                     continue
+                if frame.kind == Kind.ERROR:  # the sender failed this request on its side
+                    self._requests.abort(frame, owner)
+                    continue
                 if frame.kind not in DATA_KINDS:
                     raise WireError(f"unexpected {frame.kind.name} frame after the handshake")
                 reply = self._on_descriptor(conn, peer, owner, frame)

@@ -41,7 +41,7 @@ from .errors import (HandshakeError, RemoteError, TransferDeadlineError, Transfe
                      TransportClosed)
 from .mooncake_descriptor import PageDescriptor
 from .mooncake_engine import MooncakeConfig, MooncakeEngine
-from .request_checks import page_refused, request_meta
+from .request_checks import abort_bytes, abort_key, page_refused, request_meta
 from .send_queue import SendQueue
 from .sender import SendHandle
 
@@ -250,7 +250,7 @@ class MooncakeSender(KVSender):
             except Exception as e:  # bad KV, a codec error, or the engine refused memory
                 error = TransferError(f"request {handle.request_id}: encoding failed: {e}")
                 error.__cause__ = e
-                self._fail(handle, error)
+                self._fail(handle, error, tell_receiver=True)
                 continue
             with self._lock:
                 req = self._requests.get(handle.request_id)
@@ -270,7 +270,7 @@ class MooncakeSender(KVSender):
             refused = page_refused(limits, handle.request_id, meta, layer, page.index, kind,
                                    page.token_end - page.token_start, view.nbytes)
             if refused:  # the receiver would refuse its descriptor: fail now, offer no more
-                self._fail(handle, refused)
+                self._fail(handle, refused, tell_receiver=True)
                 return
         total = sum(view.nbytes for *_, view in pieces)
         if total == 0:
@@ -374,11 +374,15 @@ class MooncakeSender(KVSender):
             with self._lock:
                 conn, gen = self._conn, self._generation
                 req = self._requests.get(item.key[0])
-                if item.key not in self._frames or req is None:
+                if item.key[1] == Kind.ERROR:  # an abort: nothing acknowledges it
+                    if self._frames.pop(item.key, None) is None:
+                        continue
+                elif item.key not in self._frames or req is None:
                     continue  # acknowledged, or its request failed, meanwhile
-                self._inflight[item.key] = time.monotonic()
-                if req.handle.started_at is None:
-                    req.handle.started_at = self._inflight[item.key]
+                else:
+                    self._inflight[item.key] = time.monotonic()
+                    if req.handle.started_at is None:
+                        req.handle.started_at = self._inflight[item.key]
             if conn is None:
                 continue  # _connect re-queues it
             try:
@@ -449,7 +453,15 @@ class MooncakeSender(KVSender):
             self.engine.release(addr)
         req.buffers.clear()
 
-    def _fail(self, handle: SendHandle, error: BaseException) -> None:
+    def _fail(self, handle: SendHandle, error: BaseException, tell_receiver: bool = False) -> None:
+        """Fail ``handle`` here; ``tell_receiver`` (a failure the receiver cannot see: encoding,
+        a page it would refuse) also queues an ERROR frame for the request, ahead of every
+        descriptor, so that the receiver fails it at once instead of waiting out its own
+        deadline (frame format 5; best effort). Deadlines are not told: the receiver keeps its
+        own."""
+        abort = None
+        if tell_receiver:
+            abort = _OutFrame(abort_key(handle.request_id), abort_bytes(handle.request_id, error), 0)
         with self._lock:
             req = self._requests.get(handle.request_id)
             if req is None or req.handle is not handle:
@@ -460,6 +472,10 @@ class MooncakeSender(KVSender):
                     self._frames.pop(key, None)
                     self._inflight.pop(key, None)
                 req.unacked.clear()
+            if abort is not None:
+                self._frames[abort.key] = abort
+        if abort is not None:
+            self.queue.push(Kind.ERROR, abort.key, abort)
         if req is not None:
             self._release(req)
         handle.queued.fail(error)

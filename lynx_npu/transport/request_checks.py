@@ -12,11 +12,15 @@ request fails with TransferError naming it before that page is offered.
 The receiver runs the same checks (wire.read_frame, receive_state.py, mooncake_descriptor.py)
 and would refuse what fails here: refusing first fails the request at once, nothing of it on
 the wire. ``limits`` is None while the receiver has announced none: nothing is checked then.
+
+``abort_key`` / ``abort_bytes``: what a sender sends when it fails a request for a reason the
+receiver cannot see (encoding failed, a page it would refuse): an ERROR frame for the request
+(frame format 5), so that the receiver fails it at once instead of at its deadline.
 """
 from __future__ import annotations
 
 from ..codec import wire_params
-from ..wire import DTYPE_CODES, Compat, Kind, ReceiveLimits, params_to_json
+from ..wire import DTYPE_CODES, Compat, Frame, Kind, ReceiveLimits, encode_frame, params_to_json
 from .errors import TransferError
 
 
@@ -51,3 +55,18 @@ def page_refused(limits: ReceiveLimits | None, request_id: int, meta: dict, laye
         return None
     return TransferError(f"request {request_id}: layer {layer} page {page} "
                          f"{Kind(kind).name.lower()}: {refusal}")
+
+
+ABORT_TEXT_BYTES = 256  # of the reason: far within any receiver's max_error_bytes
+
+
+def abort_key(request_id: int) -> tuple[int, int, int, int]:
+    """The send-queue key of request ``request_id``'s abort (one per request)."""
+    return (request_id, int(Kind.ERROR), 0, 0)
+
+
+def abort_bytes(request_id: int, error: BaseException) -> bytes:
+    """The ERROR frame telling the receiver that this sender failed the request, and why."""
+    text = str(error).encode("utf-8", errors="replace")[:ABORT_TEXT_BYTES]
+    return encode_frame(Frame(Kind.ERROR, request_id,
+                              payload=text.decode("utf-8", errors="ignore").encode()))

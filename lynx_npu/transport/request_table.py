@@ -10,16 +10,22 @@ acknowledged instead of opening a new request.
 Every request belongs to the sender that sent its first frame: its ``owner``, the session its
 connection announced in the handshake and the peer's address. Frames of the id from any other
 owner are refused and leave the request untouched, so a second sender (or a peer guessing
-ids) cannot write into a transfer that another opened.
+ids) cannot write into a transfer that another opened; so is an abort (``abort``: the owner
+failed the request on its side and says so).
 """
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from typing import Hashable
 
+from ..wire import Frame
+from .errors import RemoteError
 from .receive_state import ReceiveHandle
+
+log = logging.getLogger(__name__)
 
 _RECENT = 4096  # released or forgotten ids remembered, so late duplicates are acknowledged
 
@@ -71,6 +77,21 @@ class RequestTable:
                 return None, (f"request {rid} belongs to another sender session; frames of it "
                               f"from this one are refused")
             return handle, None
+
+    def abort(self, frame: Frame, owner: Hashable) -> None:
+        """An ERROR frame from a sender (frame format 5): it failed request ``rid`` on its
+        side. Fail it here now, so that its reader learns at once instead of at its deadline.
+        A request not seen yet is opened failed (its reader may claim it later); a completed
+        one keeps its pages; one that ``owner`` does not own is left untouched."""
+        rid, reason = frame.request_id, bytes(frame.payload).decode("utf-8", errors="replace")
+        handle, refusal = self.for_frame(rid, owner)
+        if handle is not None and not handle.finished:
+            handle.fail(RemoteError(f"request {rid}: the sender failed it: {reason}"))
+        if refusal:
+            log.warning("request %d: ignoring an abort from a sender not its own: %s", rid,
+                        refusal)
+        else:
+            log.info("request %d: the sender failed it: %s", rid, reason)
 
     # -- upkeep (the watchdog) ------------------------------------------------------------------
     def sweep(self) -> None:

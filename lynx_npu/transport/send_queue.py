@@ -1,6 +1,7 @@
-"""The sender's two queues with strict priority: any pending anchor frame, of any request,
-is popped before any residual frame. FIFO within a stream. A key is queued at most once
-(a frame re-requested twice, by a NACK and a retransmit timer, is sent once)."""
+"""The sender's queues with strict priority: any pending anchor frame, of any request, is popped
+before any residual frame, and an abort (ERROR: a request the sender failed) before both. FIFO
+within a stream. A key is queued at most once (a frame re-requested twice, by a NACK and a
+retransmit timer, is sent once)."""
 from __future__ import annotations
 
 import collections
@@ -12,7 +13,8 @@ from ..wire import Kind
 
 class SendQueue:
     def __init__(self):
-        self._streams = {Kind.ANCHOR: collections.deque(), Kind.RESIDUAL: collections.deque()}
+        self._streams = {Kind.ERROR: collections.deque(), Kind.ANCHOR: collections.deque(),
+                         Kind.RESIDUAL: collections.deque()}
         self._keys: set[Hashable] = set()
         self._cond = threading.Condition()
         self._paused = False
@@ -33,7 +35,7 @@ class SendQueue:
             ready = lambda: self._closed or (not self._paused and bool(self._keys))  # noqa: E731
             if not self._cond.wait_for(ready, timeout) or self._closed:
                 return None
-            stream = self._streams[Kind.ANCHOR] or self._streams[Kind.RESIDUAL]
+            stream = next(s for s in self._streams.values() if s)  # in priority order
             key, item = stream.popleft()
             self._keys.discard(key)
             return item

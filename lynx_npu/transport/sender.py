@@ -50,7 +50,7 @@ from .errors import (HandshakeError, RemoteError, TransferDeadlineError, Transfe
 from .events import StageEvent
 from .priority import lower_this_thread
 from .rate_limit import TokenBucket
-from .request_checks import page_refused, request_meta
+from .request_checks import abort_bytes, abort_key, page_refused, request_meta
 from .send_queue import SendQueue
 
 log = logging.getLogger(__name__)
@@ -408,7 +408,7 @@ class Sender(KVSender):
             except Exception as e:  # bad KV or a codec error: the request fails, loudly
                 error = TransferError(f"request {handle.request_id}: encoding failed: {e}")
                 error.__cause__ = e
-                self._fail(handle, error)
+                self._fail(handle, error, tell_receiver=True)
                 continue
             with self._lock:
                 handle._produced_all = True
@@ -434,7 +434,7 @@ class Sender(KVSender):
                                        last.token_end - first.token_start,
                                        size - table_nbytes(len(group) - 1))
                 if refused:  # the receiver would refuse it: fail now, not by the deadline
-                    self._fail(handle, refused)
+                    self._fail(handle, refused, tell_receiver=True)
                     return
                 crc = 0
                 for v in views:
@@ -494,6 +494,9 @@ class Sender(KVSender):
                 return False
             if self._links[link].generation != gen or self._links[link].conn is None:
                 requeue = True  # the connection died since the pop: send it on the next one
+            elif item.key[1] == Kind.ERROR:  # an abort: nothing acknowledges it
+                del self._frames[item.key]
+                return True
             else:
                 requeue = False
                 now = time.monotonic()
@@ -557,7 +560,16 @@ class Sender(KVSender):
         if all_done:
             handle.done.set()
 
-    def _fail(self, handle: SendHandle, error: BaseException) -> None:
+    def _fail(self, handle: SendHandle, error: BaseException, tell_receiver: bool = False) -> None:
+        """Fail ``handle`` here; ``tell_receiver`` (a failure the receiver cannot see: encoding,
+        a page it would refuse) also queues an ERROR frame for the request, ahead of every data
+        frame, so that the receiver fails it at once instead of waiting out its own deadline
+        (frame format 5; best effort: not resent if lost). Deadlines are not told: the
+        receiver keeps its own, and says better what arrived by it."""
+        abort = None
+        if tell_receiver:
+            data = abort_bytes(handle.request_id, error)
+            abort = _OutFrame(abort_key(handle.request_id), data, (), len(data), 0)
         with self._lock:
             if self._requests.get(handle.request_id) is handle:
                 del self._requests[handle.request_id]
@@ -565,6 +577,10 @@ class Sender(KVSender):
                 self._frames.pop(key, None)
                 self._inflight.pop(key, None)
             handle._unacked.clear()
+            if abort is not None:
+                self._frames[abort.key] = abort
+        if abort is not None:
+            self.queue.push(Kind.ERROR, abort.key, abort)
         handle.queued.fail(error)
         handle.anchor_acked.fail(error)
         handle.done.fail(error)

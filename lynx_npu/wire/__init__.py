@@ -1,4 +1,4 @@
-"""lynx_npu.wire: versioned frames for the anchor and residual streams (frame format v4), and
+"""lynx_npu.wire: versioned frames for the anchor and residual streams (frame format v5), and
 the compatibility description peers exchange when they meet (payload format, codec parameters).
 
 See frame.py for the byte layout, compat.py for the description. Decoding raises only WireError

@@ -1,8 +1,8 @@
-"""Frame format v4: a fixed 58-byte little-endian header, the codec parameters, the payload.
+"""Frame format v5: a fixed 58-byte little-endian header, the codec parameters, the payload.
 
     offset size field          meaning
     0      4    magic          b"LYNX"
-    4      1    version        3
+    4      1    version        5
     5      1    kind           Kind (ANCHOR / RESIDUAL data; HELLO AUTH AUTH_OK ACK NACK ERROR)
     6      2    extra_pages    u16, data frames: pages after the first (0: one page); else 0
     8      8    request_id     u64, chosen by the sender
@@ -39,13 +39,17 @@ the receiver its per-frame work once per page: on the H100's host 1 MiB frames m
 median 25.0 Gbit/s on two connections where 315 KB one-page frames moved 15.7
 (docs/benchmarks.md).
 
+Version 5 (from 4): a sender may send ERROR too, after the handshake: it failed that request
+on its side (encoding failed, a page the receiver would refuse), and the receiver fails
+it at once instead of at its own deadline; a v4 receiver would have closed the connection on
+it. The bytes of every frame are v4's but for the version.
 Version 4 (from 3): the header's reserved ``flags`` became ``extra_pages`` (multi-page data
 frames; v3 frames always carried one page, and flags were 0).
 Version 3 (from 2): the compatibility description a HELLO carries names the sender's session
 (a sender) or the receiver's limits (a receiver); see wire/compat.py. Version 2 (from 1):
 HELLO carries the compatibility description after its nonce, ERROR may name the refused
 handshake frame in ref_kind, and data frames' parameters carry "payload_format" and every
-parameter (codec/registry.py). The header layout is the same in all four (v4 names a field
+parameter (codec/registry.py). The header layout is the same in all five (v4 names a field
 that was reserved).
 
 Two CRCs instead of one so that a corrupt payload (header intact: NACK, re-request that frame)
@@ -74,7 +78,7 @@ from .errors import (ChecksumError, FrameFieldError, TruncatedFrameError, Unknow
 from .limits import DEFAULT_LIMITS, WireLimits, max_data_payload
 
 MAGIC = b"LYNX"
-VERSION = 4
+VERSION = 5
 HEADER = struct.Struct("<4sBBHQHHIIIIHBBHHHIII")
 PAGE_ENTRY = struct.Struct("<II")  # a multi-page frame's page table: (token_end, nbytes)
 HEADER_SIZE = HEADER.size  # 58
@@ -90,7 +94,8 @@ class Kind(enum.IntEnum):
     AUTH_OK = 18   # handshake, receiver: its own HMAC (empty without a secret)
     ACK = 32       # (request_id, ref_kind, layer, page) received intact
     NACK = 33      # that frame's payload failed its CRC: send it again
-    ERROR = 48     # request_id failed (0: the whole connection); payload: UTF-8 reason;
+    ERROR = 48     # request_id failed (from the receiver, 0: the whole connection; from the
+                   # sender, v5: it failed that request); payload: UTF-8 reason;
                    # ref_kind: the handshake frame refused (HELLO or AUTH), else 0
 
 

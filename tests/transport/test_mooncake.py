@@ -586,8 +586,11 @@ def test_the_sender_refuses_a_request_past_the_receivers_limits_before_sending(r
         handle = receiver.request(2)
         assert handle.wait(WAIT)
         assert_kv_equal(handle, expected_kv(codec, small))
-        refused = receiver.request(1)  # created now: no descriptor of request 1 came
-        assert refused.error is None and not refused.arrivals and not refused.finished
+        refused = receiver.request(1)  # no descriptor of it came, only the sender's abort
+        with pytest.raises(RemoteError, match=r"request 1: the sender failed it: .*"
+                                              r"\(max_payload_bytes=6000\)"):
+            refused.wait(WAIT)
+        assert not refused.arrivals
         assert sender.engine.num_buffers == 0
         assert sender.last_error == "" and receiver.num_connections == 1
 
@@ -596,7 +599,8 @@ def test_the_sender_refuses_a_request_past_the_receivers_limits_before_sending(r
 def test_a_page_past_max_payload_bytes_fails_before_its_descriptor_is_sent():
     """A bf16 page of 64 tokens is 8 KiB, past the receiver's max_payload_bytes=6000: the
     request fails on the sender naming the bound, as over TCP (test_refusals.py), its
-    descriptors never offered; an int8 bystander (pages under 6000 bytes) arrives exact."""
+    descriptors never offered (the receiver hears of it only by the sender's abort, frame
+    format 5); an int8 bystander (pages under 6000 bytes) arrives exact."""
     codec, layers = small_codec("int8"), make_layers(2, 150, seed=5)
     with _Pair(receiver_kw={"limits": WireLimits(max_payload_bytes=6000)},
                sender_kw={"deadline_s": 60, "retransmit_s": 30}) as (receiver, sender):
@@ -612,7 +616,31 @@ def test_a_page_past_max_payload_bytes_fails_before_its_descriptor_is_sent():
         handle = receiver.request(2)
         assert handle.wait(WAIT)
         assert_kv_equal(handle, expected_kv(codec, layers))
-        refused = receiver.request(1)  # created now: no descriptor of request 1 came
-        assert refused.error is None and not refused.arrivals and not refused.finished
+        refused = receiver.request(1)  # no descriptor of it came, only the sender's abort
+        with pytest.raises(RemoteError, match=r"request 1: the sender failed it: .*"
+                                              r"\(max_payload_bytes=6000\)"):
+            refused.wait(WAIT)
+        assert not refused.arrivals
         assert sender.engine.num_buffers == 0
         assert sender.last_error == "" and receiver.num_connections == 1
+
+
+@needs_engine
+@pytest.mark.parametrize("layer", [0, 2], ids=["before_any_descriptor", "after_two_layers"])
+def test_a_request_the_sender_fails_fails_on_the_receiver_at_once(layer):
+    """Frame format 5: the MooncakeSender sends an ERROR frame for a request it failed on its
+    side (here: an infinite K that cannot be encoded), and the receiver fails the request at
+    once; before, it waited for the rest until its deadline (60 s, past WAIT)."""
+    codec = small_codec("lynx")
+    layers = make_layers(3, 300)
+    layers[layer][0][0, 5, 0] = float("inf")
+    with _Pair() as (receiver, sender):
+        sent = sender.send(7, codec, layers)
+        with pytest.raises(TransferError, match="request 7: encoding failed"):
+            sent.wait(WAIT)
+        with pytest.raises(RemoteError, match=r"request 7: the sender failed it: request 7: "
+                                              r"encoding failed"):
+            receiver.request(7).wait(WAIT)
+        small = make_layers(2, 100, seed=3)  # the control connection serves the next request
+        assert sender.send(8, codec, small).wait(WAIT) and receiver.request(8).wait(WAIT)
+        assert_kv_equal(receiver.request(8), expected_kv(codec, small))

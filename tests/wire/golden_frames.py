@@ -1,12 +1,12 @@
-"""The frames frozen as frame format v4 golden bytes (tests/wire/golden/*.bin).
+"""The frames frozen as frame format v5 golden bytes (tests/wire/golden/*.bin).
 
 Parameters are literal dicts, not codec.params(): these fixtures freeze the frame format and
 must not move when a codec's defaults do (golden_payloads.py freezes real codec output).
 They are complete payload-format-4 parameter sets (test_golden checks that they build; they
 were format 2 until the recent-token window, 2026-11-27, and format 3 until V's own chunk size).
 Regenerate only for a new frame format version. golden/v1_hello.bin and v2_hello.bin are the
-first frames a format-1 and a format-2 peer send (v3_hello.bin: format 3), kept to check that
-they are refused by name.
+first frames a format-1 and a format-2 peer send (v3_hello.bin, v4_hello.bin: formats 3 and 4),
+kept to check that they are refused by name.
 """
 from lynx_npu.wire import CodecSpec, Compat, Frame, Kind, ReceiveLimits, page_table, params_to_json
 

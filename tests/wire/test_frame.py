@@ -44,7 +44,8 @@ def test_round_trip_real_codec_page():
 
 @pytest.mark.parametrize("offset,fmt,value,field,exc", [
     (0, "4s", b"LYNY", "magic", FrameFieldError),
-    (4, "B", 5, "version", UnsupportedVersionError),
+    (4, "B", 6, "version", UnsupportedVersionError),
+    (4, "B", 4, "version", UnsupportedVersionError),
     (4, "B", 3, "version", UnsupportedVersionError),
     (4, "B", 2, "version", UnsupportedVersionError),
     (4, "B", 1, "version", UnsupportedVersionError),

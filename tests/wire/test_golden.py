@@ -1,4 +1,4 @@
-"""Frame format v4 is frozen: today's encoder must produce the golden bytes, the decoder must
+"""Frame format v5 is frozen: today's encoder must produce the golden bytes, the decoder must
 read them back to the same frames. A failure here means the frame format changed (bump
 VERSION and regenerate with tests/wire/make_golden.py --force)."""
 import pathlib
@@ -31,7 +31,7 @@ def test_header_layout_by_hand():
     """Spot-check offsets against the table in frame.py, independently of the struct."""
     raw = (GOLDEN / "anchor_lynx.bin").read_bytes()
     le = lambda a, b: int.from_bytes(raw[a:b], "little")  # noqa: E731
-    assert raw[:4] == b"LYNX" and raw[4] == 4 and raw[5] == 1  # magic, version, ANCHOR
+    assert raw[:4] == b"LYNX" and raw[4] == 5 and raw[5] == 1  # magic, version, ANCHOR
     assert le(6, 8) == 0                                               # extra_pages: one page
     assert le(8, 16) == 0x0123456789ABCDEF
     assert (le(16, 18), le(18, 20), le(20, 24)) == (3, 30, 2)          # layer, layers, page
@@ -79,15 +79,15 @@ def test_literal_parameters_are_complete_payload_format_9_sets():
         codec_from_wire(9, old)  # a format-9 frame must carry every parameter
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_an_older_peer_is_refused_by_version(version):
-    """The first frame a format-1, -2 or -3 peer sends (kept from before each bump) is
+    """The first frame a format-1, -2, -3 or -4 peer sends (kept from before each bump) is
     refused, naming both versions, before anything else of it is read."""
     raw = (GOLDEN / f"v{version}_hello.bin").read_bytes()
     assert raw[4] == version
     with pytest.raises(UnsupportedVersionError, match=f"format version {version} is not "
                                                       r"supported \(this decoder reads "
-                                                      r"version 4\)"):
+                                                      r"version 5\)"):
         decode_frame(raw)
 
 

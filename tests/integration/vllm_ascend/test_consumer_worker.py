@@ -201,6 +201,51 @@ def test_a_transfer_of_another_shape_than_the_cache_is_recomputed_not_loaded(sen
         w.close()
 
 
+def test_a_transfer_its_producer_fails_recomputes_at_once_not_at_the_timeout():
+    """The producer's sender cannot encode the KV (an infinite K in layer 1, after layer 0 was
+    sent): it fails the request and tells the receiver (frame format 5), so the request
+    recomputes now; before, the receiver heard nothing and the request waited out
+    transfer_timeout_s (600 s). Real sender, real receiver, a real paged cache."""
+    import math
+
+    import torch
+
+    import lynx_npu
+    from lynx_npu.integration.vllm_ascend.transports import Senders
+    from lynx_npu.ops import KV_CACHE_LAYOUTS, PagedKVCache
+    from lynx_npu.transport import RemoteError
+
+    lay, bs, tokens = KV_CACHE_LAYOUTS["vllm_cpu"], 16, 100
+    w = ConsumerWorker(LynxConnectorConfig(role="consumer"), 0, 1)
+    w.register(PagedKVCache.build(lay, [lay.allocate(8, bs, 2, 64, torch.bfloat16, fill=0.0)
+                                        for _ in range(2)]))
+    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer", {}))
+    try:
+        g = torch.Generator().manual_seed(0)
+        layers = [tuple(torch.randn(2, tokens, 64, generator=g).to(torch.bfloat16)
+                        for _ in "kv") for _ in range(2)]
+        layers[1][0][0, 3, 0] = math.inf
+        handle = w.receiver.request(6)
+        sent = senders.get("127.0.0.1", w.port).send(6, lynx_npu.get_codec("lynx"), layers)
+        with pytest.raises(RemoteError, match="request 6: the sender failed it: .*encoding "
+                                              "failed"):
+            handle.wait(30)  # within 30 s, where transfer_timeout_s is 600
+        assert sent.failed
+        seen = _Records()
+        log.addHandler(seen)
+        try:
+            w.bind([LoadJob("r", 6, tuple(range(7)), tokens)], [])
+        finally:
+            log.removeHandler(seen)
+        assert w.finish_step(set()) == ({"r"}, {"r"})   # failed: recomputed locally
+        assert "transfer failed before its anchor" in seen.text
+        assert "the sender failed it" in seen.text
+        assert w.leak_state()["transfers"] == {}
+    finally:
+        senders.close()
+        w.close()
+
+
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)
