@@ -342,6 +342,7 @@ class TransferParams:
     peer: str | None = None           # producer: overrides the configured decode receiver
     drop_residual: bool = False       # producer fault injection: never send the residual stream
     withhold_layers: int = 0          # producer fault injection: never send the last N layers
+    fail_layer: int | None = None     # producer fault injection: encoding layer N fails
     max_drafts: int | None = None     # consumer: lower the instance's draft cap for this request
 
     def __post_init__(self):
@@ -355,6 +356,8 @@ class TransferParams:
         if not isinstance(self.drop_residual, bool):
             raise ValueError(f"{self.drop_residual=} must be a bool")
         check_number("withhold_layers", self.withhold_layers, 0, 1 << 16, integer=True)
+        if self.fail_layer is not None:
+            check_number("fail_layer", self.fail_layer, 0, 1 << 16, integer=True)
         if self.max_drafts is not None:
             check_number("max_drafts", self.max_drafts, 0, 120, integer=True)
 

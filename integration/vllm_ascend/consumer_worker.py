@@ -452,8 +452,10 @@ class ConsumerWorker:
             t.early = early
 
     def _fail_load(self, req_id: str, why: str) -> None:
-        """Before the anchor: vLLM recomputes the prompt (kv_load_failure_policy=recompute)."""
+        """Before the anchor: vLLM recomputes the prompt (kv_load_failure_policy=recompute);
+        ``why`` reaches the request's statistics (``residual_lost``)."""
         log.warning("Lynx: request %s: %s; recomputing it locally", req_id, why)
+        self._meta.lost[req_id] = why
         self._failed_recving.add(req_id)
         self._finished_recving.add(req_id)
         self._drop(req_id)

@@ -114,6 +114,9 @@ class ProducerWorker:
         keep = kv.num_layers - params.withhold_layers
         try:
             for i, layer in enumerate(layers):
+                if i == params.fail_layer:  # fault injection: as a codec error would
+                    raise RuntimeError(f"layer {i} failed to encode (fault injection: "
+                                       f"fail_layer)")
                 if i >= keep:  # fault injection (withhold_layers): a layer with no pages
                     layer = EncodedLayer([], layer.wait().backend)
                 feed.put(_without_residual(layer) if params.drop_residual else layer)

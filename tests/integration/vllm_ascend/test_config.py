@@ -18,6 +18,14 @@ def test_roles_and_defaults():
     assert (p.role, p.peer, p.gbps, p.codec) == ("producer", "10.0.0.2:17100", 10, "lynx")
 
 
+def test_fail_layer_is_a_layer_index_or_none():
+    t = TransferParams.from_request({"lynx": {"transfer_id": 1, "fail_layer": 0}})
+    assert t.fail_layer == 0 and TransferParams(1).fail_layer is None
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="fail_layer"):
+            TransferParams.from_request({"lynx": {"transfer_id": 1, "fail_layer": bad}})
+
+
 @pytest.mark.parametrize("role, extra, match", [
     ("kv_both", {}, "kv_role"),
     ("kv_consumer", {"bogus": 1}, "bogus"),

@@ -126,7 +126,8 @@ class Flight:
     prefills itself."""
 
     def __init__(self, pair, prompt, *, max_tokens=MAX_TOKENS, max_drafts=None, prefill=True,
-                 drop_residual=False, lynx=True, withhold_layers=0, n=1, prompt_logprobs=None):
+                 drop_residual=False, lynx=True, withhold_layers=0, fail_layer=None, n=1,
+                 prompt_logprobs=None):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -155,6 +156,8 @@ class Flight:
                 sent["drop_residual"] = True
             if withhold_layers:
                 sent["withhold_layers"] = withhold_layers
+            if fail_layer is not None:
+                sent["fail_layer"] = fail_layer
             pair.prefill.llm_engine.add_request(f"p-{self.rid}",
                                                 {"prompt_token_ids": list(prompt)},
                                                 params(1, sent))
@@ -251,6 +254,23 @@ def test_transfer_that_never_arrives_fails_over_to_local_recompute(setup):
     assert lost.finish_reason == "length"
     assert lost.stats["residual_lost"] and lost.stats["phase"] == "recompute", lost.stats
     assert lost.tokens == local[3]
+    _assert_released(pair, baseline)
+
+
+# -- 2a. the prefill fails the transfer itself ------------------------------------------------
+def test_a_transfer_the_prefill_fails_recomputes_at_once(setup):
+    """The prefill cannot encode layer 3 of the prompt's KV (fault injection ``fail_layer``, as
+    a codec error would): its sender fails the request after layers 0-2 went out and tells the
+    decode receiver (frame format 5), so the request recomputes now, naming the sender's
+    reason, where it used to wait for the rest until transfer_timeout_s."""
+    pair, prompts, full, local, baseline = setup
+    failed = Flight(pair, prompts[3], fail_layer=3)
+    _drive(pair, [failed], timeout_s=TRANSFER_TIMEOUT_S + 60)
+    assert failed.finish_reason == "length" and failed.stats["phase"] == "recompute"
+    lost = failed.stats["residual_lost"] or ""
+    assert "the sender failed it" in lost and "layer 3 failed to encode" in lost, failed.stats
+    assert "deadline" not in lost, failed.stats  # told, not timed out
+    assert failed.tokens == local[3]
     _assert_released(pair, baseline)
 
 
