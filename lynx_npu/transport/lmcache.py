@@ -19,8 +19,9 @@ decoding starts); LMCache moves and stores the bytes.
                                                       release(rid): its objects are deleted
 
 Keys (lmcache ObjectKey): model_name ``lynx-<receiver port>``, chunk_hash (request id, layer,
-page), and cache_salt ``header`` / ``anchor`` / ``residual``: a page's two objects differ only
-in their salt.
+page), and cache_salt ``header`` / ``anchor`` / ``residual`` / ``abort``: a page's two objects
+differ only in their salt; a request its sender failed gets an abort object (its ERROR frame),
+which the receiver looks up every 50 ms and fails the request on at once.
 
 The store is chosen for what works across two processes on a CPU host (LMCache 0.5.6,
 --no-deps): each side runs its own LMCache StorageManager (``lmcache.v1.distributed``) whose

@@ -14,6 +14,8 @@ against ``max_request_bytes``; every other object's size is computed here from t
 (``PageSerde.page_nbytes``), never taken from the peer, so an object of another size is never
 read. An object whose frame fails its CRC32C, breaks a limit, or describes another page fails
 its request at once, naming the object; objects not stored by the deadline fail it then.
+A request whose sender failed it (its abort object, looked up every ``ABORT_POLL_S`` with the
+headers) fails at once with the sender's reason (RemoteError, as over TCP).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from ..wire import (HEADER_SIZE, DTYPES, Kind, WireError, params_from_json, read
                     request_kv_bytes)
 from .base import KVReceiver, OnEncoded, SerdeFactory, serde_for
 from .config import ReceiverConfig
-from .errors import TransferDeadlineError, TransferError, TransportClosed
+from .errors import RemoteError, TransferDeadlineError, TransferError, TransportClosed
 from .lmcache_store import HEADER_OBJECT_BYTES, LMCacheConfig, LMCacheStore, namespace
 from .rate_limit import TokenBucket
 from .receive_state import OnPage, PageJob, ReceiveHandle, RequestRejected
@@ -42,6 +44,11 @@ _BATCH_BYTES = 32 << 20  # residual bytes read per pass (the L1 must hold them)
 # caps KV bytes, not objects: one KV head of one dim within it is ~10^7 pages. A real model at
 # 8 GiB of KV is ~10^5 (SmolLM2: 87K at pages of 256).
 MAX_REQUEST_OBJECTS = 1 << 20
+# How often the abort objects of unfinished requests are looked up: a sender's failure is
+# learnt within this, against transfer_timeout_s (600 s) without it; polling them on every
+# 2 ms pass would double the header lookups for nothing.
+ABORT_POLL_S = 0.05
+ABORT_KIND = int(Kind.ERROR)
 
 
 @dataclass
@@ -116,6 +123,7 @@ class LMCacheReceiver(KVReceiver):
         self._closed = threading.Event()
         self._states: dict[int, _State] = {}
         self._codecs: dict = {}
+        self._next_abort_poll = 0.0
         self._jobs: queue.SimpleQueue[PageJob | None] = queue.SimpleQueue()
         self.reads = 0           # objects read
         self.read_order: collections.deque = collections.deque(maxlen=1 << 16)  # (rid, kind)
@@ -139,6 +147,7 @@ class LMCacheReceiver(KVReceiver):
                     deadline_s or self.config.deadline_s))
                 state = self._states[request_id] = _State(handle)
                 state.keys.append(self.store.key(self.space, request_id, 0))
+                state.keys.append(self.store.key(self.space, request_id, ABORT_KIND))
         self._wake.set()
         return state.handle
 
@@ -199,12 +208,21 @@ class LMCacheReceiver(KVReceiver):
         with self._lock:
             live = [s for s in self._states.values() if s.handle.error is None]
         headers = [s for s in live if s.stage == "header"]
+        aborts = []
+        if time.monotonic() >= self._next_abort_poll:
+            self._next_abort_poll = time.monotonic() + ABORT_POLL_S
+            aborts = [s for s in live if not s.handle.finished]
         read = False
-        if headers:
-            got = self.store.fetch([(s.keys[0], HEADER_OBJECT_BYTES) for s in headers])
+        if headers or aborts:  # one size: one LMCache prefetch task
+            got = self.store.fetch([(s.keys[0], HEADER_OBJECT_BYTES) for s in headers]
+                                   + [(s.keys[1], HEADER_OBJECT_BYTES) for s in aborts])
+            for s in aborts:
+                data = got.get(s.keys[1])
+                if data is not None:
+                    self._on_abort(s, data)
             for s in headers:
                 data = got.get(s.keys[0])
-                if data is not None:
+                if data is not None and s.handle.error is None:
                     read = True
                     self._on_header(s, data)
         anchors = [(k, w, s) for s in live if s.stage == "anchor"
@@ -326,6 +344,24 @@ class LMCacheReceiver(KVReceiver):
             state.anchors, state.residuals = anchors, residuals
             state.keys += list(anchors) + list(residuals)
             state.stage = "anchor"
+
+    def _on_abort(self, state: _State, data: bytes) -> None:
+        """The request's abort object: its sender failed it, and says why."""
+        handle, rid = state.handle, state.handle.request_id
+        if handle.finished:  # complete: its pages stand
+            return
+        try:
+            frame = read_frame(_Bytes(data), self.config.limits)
+            if frame.kind != Kind.ERROR or frame.request_id != rid:
+                raise WireError(f"it is not an abort of request {rid}")
+        except WireError as e:  # a sender stores one only for a request it failed
+            error = TransferError(f"request {rid}: its abort object is unreadable ({e}): its "
+                                  f"sender failed it")
+        else:
+            reason = bytes(frame.payload).decode("utf-8", errors="replace")
+            error = RemoteError(f"request {rid}: the sender failed it: {reason}")
+        log.info("%s", error)
+        handle.fail(error)
 
     def _codec(self, codec_id: int, params: bytes):
         key = (codec_id, params)

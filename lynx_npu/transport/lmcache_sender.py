@@ -8,6 +8,13 @@ caller as they become ready -> frames; anchors queued at once, residuals held); 
 (pops the queue, anchors of any request before any residual, into LMCache's L1; what L1 has
 no room for goes again a moment later); LMCache's store thread reports objects stored in L2
 (anchor_acked once every anchor is, done once all are); one watchdog (deadlines).
+
+A request this sender fails for a reason the receiver cannot see (its KV did not encode,
+LMCache refused a write) gets an abort object: the ERROR frame the TCP sender would send
+(frame format 5), zero padded to the header object's size, so that the receiver fails the
+request at once instead of at its deadline. Best effort, as over TCP: written ahead of every
+other object, not retried if LMCache refuses it outright. Deadlines and ``close`` are not told
+(the receiver keeps its own deadline, and a sender closing may be a restart).
 """
 from __future__ import annotations
 
@@ -25,12 +32,20 @@ from .base import KVSender, SerdeFactory, serde_for
 from .config import SenderConfig
 from .errors import TransferDeadlineError, TransferError, TransportClosed
 from .lmcache_store import HEADER_OBJECT_BYTES, LMCacheConfig, LMCacheStore, namespace
-from .request_checks import request_meta
+from .request_checks import abort_bytes, request_meta
 from .send_queue import SendQueue
 from .sender import SendHandle
 
 log = logging.getLogger(__name__)
 HEADER_KIND = 0  # the request's header object (LMCacheStore.key kind 0)
+ABORT_KIND = int(Kind.ERROR)  # the abort object of a request this sender failed
+
+
+def abort_object(request_id: int, error: BaseException) -> bytes:
+    """The abort object of a request: its ERROR frame (request_checks.abort_bytes), zero
+    padded to HEADER_OBJECT_BYTES (the receiver reads it in one size, with the headers)."""
+    data = abort_bytes(request_id, error)
+    return data + bytes(HEADER_OBJECT_BYTES - len(data))
 
 
 @dataclass
@@ -212,7 +227,7 @@ class LMCacheSender(KVSender):
             except Exception as e:  # bad KV, a codec error
                 error = TransferError(f"request {handle.request_id}: encoding failed: {e}")
                 error.__cause__ = e
-                self._fail(handle, error)
+                self._fail(handle, error, tell_receiver=True)
                 continue
             with self._lock:
                 req = self._requests.get(handle.request_id)
@@ -261,17 +276,21 @@ class LMCacheSender(KVSender):
             put = self.queue.pop(timeout=0.1)
             if put is None:
                 continue
-            if put.handle.done.settled():
+            if put.handle.done.settled() and put.key[1] != ABORT_KIND:
                 continue
             if put.handle.started_at is None:
                 put.handle.started_at = time.monotonic()
             try:
                 refused = set(self.store.put(put.objects, self._on_stored))
             except Exception as e:  # LMCache refused the write outright
+                if put.key[1] == ABORT_KIND:  # best effort: the receiver's deadline remains
+                    log.warning("request %d: storing its abort object failed: %s",
+                                put.handle.request_id, e)
+                    continue
                 error = TransferError(f"request {put.handle.request_id}: LMCache write "
                                       f"failed: {type(e).__name__}: {e}")
                 error.__cause__ = e
-                self._fail(put.handle, error)
+                self._fail(put.handle, error, tell_receiver=True)
                 continue
             if refused:  # L1 is full until the store thread drains it: again shortly
                 put.objects = [o for o in put.objects if o[0] in refused]
@@ -316,15 +335,24 @@ class LMCacheSender(KVSender):
             req.handle.done.set()
 
     # -- failures ---------------------------------------------------------------------------------
-    def _fail(self, handle: SendHandle, error: BaseException) -> None:
+    def _fail(self, handle: SendHandle, error: BaseException,
+              tell_receiver: bool = False) -> None:
+        """Fail ``handle`` here and delete what was stored of it; ``tell_receiver`` (a failure
+        the receiver cannot see) also queues its abort object ahead of every other object."""
         with self._lock:
             req = self._requests.get(handle.request_id)
             if req is None or req.handle is not handle:
                 req = None
             else:
                 del self._requests[handle.request_id]
+                if tell_receiver:
+                    self._seq += 1
+                    abort = _Put((handle.request_id, ABORT_KIND, 0, self._seq), handle, [(
+                        self.store.key(self.space, handle.request_id, ABORT_KIND),
+                        abort_object(handle.request_id, error))])
+                    self.queue.push(Kind.ERROR, abort.key, abort)
         if req is not None:
-            try:  # what was stored of it is of no use: the receiver fails it by its deadline
+            try:  # what was stored of it is of no use
                 self.store.delete(req.keys, force=False)
             except Exception:  # noqa: BLE001 - the store may be closing
                 log.debug("deleting the objects of failed request %d failed", handle.request_id)

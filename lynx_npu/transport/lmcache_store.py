@@ -20,8 +20,10 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-_KIND_SALT = {0: "header", 1: "anchor", 2: "residual"}  # the object's cache_salt by kind
-HEADER_OBJECT_BYTES = 4096  # a request's header object (a wire frame, zero padded)
+# The object's cache_salt by kind: 48 (wire Kind.ERROR) is the abort a sender stores for a
+# request it failed (lmcache_sender.py).
+_KIND_SALT = {0: "header", 1: "anchor", 2: "residual", 48: "abort"}
+HEADER_OBJECT_BYTES = 4096  # a request's header or abort object (a wire frame, zero padded)
 
 
 class LMCacheUnavailable(RuntimeError):
@@ -115,8 +117,8 @@ class LMCacheStore:
 
     # -- keys -------------------------------------------------------------------------------------
     def key(self, space: str, request_id: int, kind: int, layer: int = 0, page: int = 0):
-        """The object of (request, stream kind 0 header / 1 anchor / 2 residual, layer, page):
-        anchor and residual of one page differ only in cache_salt."""
+        """The object of (request, kind 0 header / 1 anchor / 2 residual / 48 abort, layer,
+        page): anchor and residual of one page differ only in cache_salt."""
         return self._ObjectKey(chunk_hash=struct.pack(">QHI", request_id, layer, page),
                                model_name=space, kv_rank=0, cache_salt=_KIND_SALT[kind])
 

@@ -5,6 +5,7 @@ import os
 
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 
+import math  # noqa: E402
 import struct  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -15,8 +16,8 @@ import pathlib  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from lynx_npu.transport import (ReceiverConfig, SenderConfig, TransferDeadlineError,  # noqa: E402
-                                TransferError, TransportClosed)
+from lynx_npu.transport import (ReceiverConfig, RemoteError, SenderConfig,  # noqa: E402
+                                TransferDeadlineError, TransferError, TransportClosed)
 from lynx_npu.transport.lmcache_store import LMCacheConfig, unavailable_reason  # noqa: E402
 from tests.transport.helpers import (assert_kv_equal, expected_kv, make_layers,  # noqa: E402
                                      small_codec)
@@ -51,7 +52,7 @@ def lmc(tmp_path):
 
 def object_path(directory, request_id, kind, layer=0, page=0) -> pathlib.Path:
     """The fs_native file of an object (LMCacheStore.key's fields)."""
-    salt = {0: "header", 1: "anchor", 2: "residual"}[kind]
+    salt = {0: "header", 1: "anchor", 2: "residual", 48: "abort"}[kind]
     digest = struct.pack(">QHI", request_id, layer, page).hex()
     return pathlib.Path(directory) / f"lynx-{PORT}@0x00000000@0@{digest}@{salt}.data"
 
@@ -190,6 +191,45 @@ def test_missing_or_truncated_residual_fails_by_the_deadline(lmc, tmp_path, faul
                                                     r"and 1 residual objects not stored"):
         handle.wait(30)
     assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("layer", [0, 2], ids=["before_any_object", "after_two_layers"])
+def test_a_request_the_sender_fails_fails_on_the_receiver_at_once(lmc, tmp_path, layer):
+    """A request whose KV does not encode (an infinite K in ``layer``): the sender stores an
+    abort object for it, and the receiver fails the request with the sender's reason at once,
+    whether it asked before or after, instead of waiting out its deadline (60 s here, the vLLM
+    connector's transfer_timeout_s 600 s). Before the abort object it learnt nothing: the
+    RemoteError below was a wait that ran out."""
+    rx, tx = lmc()
+    codec = small_codec("lynx")
+    layers = make_layers(num_layers=3, num_tokens=300)
+    layers[layer][0][0, 5, 0] = math.inf
+    asked = rx.request(21) if layer else None  # before the sender fails; else after it did
+    with pytest.raises(TransferError, match="request 21: encoding failed"):
+        tx.send(21, codec, layers).wait(30)
+    handle = asked or rx.request(21)
+    with pytest.raises(RemoteError, match=r"request 21: the sender failed it: request 21: "
+                                          r"encoding failed"):
+        handle.wait(30)
+    assert object_path(tmp_path, 21, 48).exists()
+    rx.release(21)
+    assert not object_path(tmp_path, 21, 48).exists()  # released with its request
+    layers = make_layers(num_layers=2, num_tokens=100, seed=3)  # the pair serves the next one
+    assert tx.send(22, codec, layers).wait(30) and rx.request(22).wait(30)
+    assert_kv_equal(rx.request(22), expected_kv(codec, layers))
+
+
+def test_an_unreadable_abort_object_fails_its_request_only(lmc):
+    """An abort object that is not an ERROR frame of its request still says its sender failed
+    it (no sender stores one otherwise): that request fails, naming it; the others are read."""
+    rx, tx = lmc()
+    codec, layers = small_codec("int8"), make_layers(num_layers=2, num_tokens=100)
+    bad, good = rx.request(23), rx.request(24)
+    tx.store.put([(tx.store.key(tx.space, 23, 48), bytes(4096))], lambda key: None)
+    with pytest.raises(TransferError, match="request 23: its abort object is unreadable"):
+        bad.wait(30)
+    assert tx.send(24, codec, layers).wait(30) and good.wait(30)
+    assert_kv_equal(good, expected_kv(codec, layers))
 
 
 def test_sender_fails_at_its_deadline(lmc):

@@ -201,11 +201,13 @@ def test_a_transfer_of_another_shape_than_the_cache_is_recomputed_not_loaded(sen
         w.close()
 
 
-def test_a_transfer_its_producer_fails_recomputes_at_once_not_at_the_timeout():
+@pytest.mark.parametrize("transport", ["tcp", "lmcache"])
+def test_a_transfer_its_producer_fails_recomputes_at_once_not_at_the_timeout(transport, tmp_path):
     """The producer's sender cannot encode the KV (an infinite K in layer 1, after layer 0 was
-    sent): it fails the request and tells the receiver (frame format 5), so the request
-    recomputes now; before, the receiver heard nothing and the request waited out
-    transfer_timeout_s (600 s). Real sender, real receiver, a real paged cache."""
+    sent): it fails the request and tells the receiver (over TCP an ERROR frame, frame format
+    5; over LMCache an abort object), so the request recomputes now; before, the receiver
+    heard nothing and the request waited out transfer_timeout_s (600 s). Real sender, real
+    receiver, a real paged cache."""
     import math
 
     import torch
@@ -214,12 +216,19 @@ def test_a_transfer_its_producer_fails_recomputes_at_once_not_at_the_timeout():
     from lynx_npu.integration.vllm_ascend.transports import Senders
     from lynx_npu.ops import KV_CACHE_LAYOUTS, PagedKVCache
     from lynx_npu.transport import RemoteError
+    from lynx_npu.transport.lmcache_store import unavailable_reason
 
+    extra = {}
+    if transport == "lmcache":
+        if unavailable_reason():
+            pytest.skip(unavailable_reason())
+        extra = {"transport": "lmcache", "lmcache_dir": str(tmp_path), "lmcache_l1_mb": 64,
+                 "port": 18131}
     lay, bs, tokens = KV_CACHE_LAYOUTS["vllm_cpu"], 16, 100
-    w = ConsumerWorker(LynxConnectorConfig(role="consumer"), 0, 1)
+    w = ConsumerWorker(LynxConnectorConfig.from_vllm("kv_consumer", extra), 0, 1)
     w.register(PagedKVCache.build(lay, [lay.allocate(8, bs, 2, 64, torch.bfloat16, fill=0.0)
                                         for _ in range(2)]))
-    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer", {}))
+    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer", extra))
     try:
         g = torch.Generator().manual_seed(0)
         layers = [tuple(torch.randn(2, tokens, 64, generator=g).to(torch.bfloat16)
