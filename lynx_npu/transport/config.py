@@ -133,6 +133,9 @@ class ReceiverConfig:
     handshake_timeout_s: float = 5.0     # the whole handshake, however slowly bytes come
     idle_timeout_s: float = 60.0         # a connection silent this long is closed (an idle
                                          # sender reconnects when it next has frames)
+    sender_grace_s: float = 10.0         # a request whose sender has had no connection this
+                                         # long fails (the sender died; a live one reconnects
+                                         # within ~1 s), instead of at its deadline
     thread_nice: int = 10                # connection readers and page decoders run at least
                                          # this nice (Linux; transport/priority.py): the
                                          # decode instance's model threads first
@@ -153,7 +156,7 @@ class ReceiverConfig:
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
             raise ValueError(f"{self.port=} must be a TCP port in [0, 65535]")
         check_nice("thread_nice", self.thread_nice)
-        for name in ("deadline_s", "handshake_timeout_s", "idle_timeout_s"):
+        for name in ("deadline_s", "handshake_timeout_s", "idle_timeout_s", "sender_grace_s"):
             _positive(name, getattr(self, name))
         if not isinstance(self.ack_delay_s, (int, float)) or isinstance(self.ack_delay_s, bool) \
                 or not 0 <= self.ack_delay_s <= 1:

@@ -15,7 +15,8 @@ descriptor frame whose intact header breaks a limit (WireLimits, or an unknown c
 payload is skipped in 64 KiB pieces: the connection and its other requests go on, as over
 TCP); an engine read that fails, or bytes whose CRC32C differs from the descriptor's, is tried
 again ``read_retries`` times, then fails the request naming the segment, address and status;
-a request past its deadline fails with TransferDeadlineError on every waiter.
+a request past its deadline fails with TransferDeadlineError on every waiter; one whose sender has had no control
+connection for ``sender_grace_s`` (the sender died) fails then (request_table.py).
 
 Hostile peers, as the TCP receiver (receiver.py): control reads allocate what arrived; the whole
 handshake has a deadline and slow handshakes are evicted oldest first (connection_slots.py); a
@@ -45,7 +46,7 @@ from .base import KVReceiver, OnEncoded, SerdeFactory, serde_for
 from .config import ReceiverConfig
 from .connection import FrameSocket, server_handshake
 from .connection_slots import ConnectionSlots
-from .errors import RemoteError, TransferDeadlineError, TransferError, TransportClosed
+from .errors import RemoteError, TransferError, TransportClosed
 from .mooncake_descriptor import DescriptorError, PageDescriptor, parse_descriptor, split_segment
 from .mooncake_engine import MooncakeConfig, MooncakeEngine
 from .rate_limit import TokenBucket
@@ -252,6 +253,7 @@ class MooncakeReceiver(KVReceiver):
                              name="lynx-mc-conn").start()
 
     def _serve(self, conn: FrameSocket, peer: str) -> None:
+        owner = None
         try:
             with conn.deadline(self.config.handshake_timeout_s):
                 sender = server_handshake(conn, self.config.secret, self.config.compat)
@@ -260,6 +262,7 @@ class MooncakeReceiver(KVReceiver):
                             "max_connections=%d", self.config.max_connections)
                 return
             owner = (sender.session, peer)
+            self._requests.connected(owner)
             conn.sock.settimeout(self.config.idle_timeout_s)  # per read: silence closes it
             while not self._closed.is_set():
                 try:
@@ -296,6 +299,8 @@ class MooncakeReceiver(KVReceiver):
         finally:
             conn.close()
             self._conns.remove(conn)
+            if owner is not None:
+                self._requests.disconnected(owner, time.monotonic())
 
     def _on_refused(self, header: Frame, owner, reason: str) -> Frame:
         """A descriptor frame broke a limit: its request fails here (if this sender owns it)
@@ -515,10 +520,7 @@ class MooncakeReceiver(KVReceiver):
     def _watchdog_loop(self) -> None:
         while not self._closed.wait(0.05):
             now = time.monotonic()
-            for handle in self._requests.expired(now):  # abandoned: its slot is freed below
-                handle.fail(TransferDeadlineError(
-                    f"request {handle.request_id}: deadline passed after "
-                    f"{now - handle.created_at:.2f} s ({handle.progress()})"))
+            self._requests.fail_overdue(now, self.config.sender_grace_s)
             self._requests.sweep()
 
 

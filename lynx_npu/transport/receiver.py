@@ -14,7 +14,8 @@ was not acknowledged; duplicates are acknowledged and ignored); a frame of anoth
 gets an ERROR naming the field, then the connection is closed; a data frame whose intact
 header breaks a limit (or names an unknown codec) gets an ERROR for its request, which fails,
 and its payload is skipped; a request past its deadline fails with TransferDeadlineError on
-every waiter.
+every waiter; one whose sender has had no connection for
+``sender_grace_s`` (the sender died) fails then (request_table.py).
 
 Hostile peers (issue 18): reads allocate what arrived, not what a header announced
 (connection.SocketReader); the whole handshake has a deadline, and slow handshakes are
@@ -40,7 +41,7 @@ from .base import KVReceiver, OnEncoded, SerdeFactory, serde_for
 from .config import ReceiverConfig
 from .connection import FrameSocket, server_handshake
 from .connection_slots import ConnectionSlots
-from .errors import RemoteError, TransferDeadlineError, TransferError, TransportClosed
+from .errors import RemoteError, TransferError, TransportClosed
 from .priority import lower_this_thread
 from .receive_state import OnPage, PageJob, ReceiveHandle, RequestRejected
 from .request_table import RequestTable
@@ -173,6 +174,7 @@ class Receiver(KVReceiver):
     def _serve(self, conn: FrameSocket, peer: str) -> None:
         acks: list[bytes] = []  # acknowledgements go out in batches (one system call each)
         lower_this_thread(self.config.thread_nice)
+        owner = None
         try:
             with conn.deadline(self.config.handshake_timeout_s):
                 sender = server_handshake(conn, self.config.secret, self.config.compat)
@@ -181,6 +183,7 @@ class Receiver(KVReceiver):
                             self.config.max_connections)
                 return
             owner = (sender.session, peer)
+            self._requests.connected(owner)
             conn.sock.settimeout(self.config.idle_timeout_s)  # per read: silence closes it
             poller = select.poll()
             poller.register(conn.sock, select.POLLIN)
@@ -232,6 +235,8 @@ class Receiver(KVReceiver):
         finally:
             conn.close()
             self._conns.remove(conn)
+            if owner is not None:
+                self._requests.disconnected(owner, time.monotonic())
 
     def _refuse(self, conn: FrameSocket, reason: str, timeout_s: float | None = None) -> None:
         log.warning("refusing a sender: %s", reason)
@@ -330,8 +335,5 @@ class Receiver(KVReceiver):
     def _watchdog_loop(self) -> None:
         while not self._closed.wait(0.05):
             now = time.monotonic()
-            for handle in self._requests.expired(now):  # abandoned: its slot is freed below
-                handle.fail(TransferDeadlineError(
-                    f"request {handle.request_id}: deadline passed after "
-                    f"{now - handle.created_at:.2f} s ({handle.progress()})"))
+            self._requests.fail_overdue(now, self.config.sender_grace_s)
             self._requests.sweep()

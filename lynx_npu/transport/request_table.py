@@ -12,6 +12,13 @@ connection announced in the handshake and the peer's address. Frames of the id f
 owner are refused and leave the request untouched, so a second sender (or a peer guessing
 ids) cannot write into a transfer that another opened; so is an abort (``abort``: the owner
 failed the request on its side and says so).
+
+The table also counts each owner's live connections (``connected`` / ``disconnected``): a
+request whose owner has had none for ``sender_grace_s`` fails (``fail_overdue``), since its
+sender is gone (its prefill process died, or its host: then the receiver's idle timeout ends the
+connection first). A live sender reconnects within a second (its backoff caps at 1 s) and
+keeps its session, so its requests stand. Before, such a request waited out its deadline
+(the vLLM connector's transfer_timeout_s, 600 s).
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ import time
 from typing import Hashable
 
 from ..wire import Frame
-from .errors import RemoteError
+from .errors import RemoteError, TransferDeadlineError, TransferError
 from .receive_state import ReceiveHandle
 
 log = logging.getLogger(__name__)
@@ -39,6 +46,8 @@ class RequestTable:
         self._active: dict[int, ReceiveHandle] = {}
         self._finished: collections.OrderedDict[int, ReceiveHandle] = collections.OrderedDict()
         self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._links: dict[Hashable, int] = {}      # owner -> its connections past the handshake
+        self._lost: dict[Hashable, float] = {}     # owner -> when its last connection ended
 
     # -- the receiver's API ---------------------------------------------------------------------
     def claim(self, rid: int, deadline_s: float | None = None) -> ReceiveHandle:
@@ -93,15 +102,46 @@ class RequestTable:
         else:
             log.info("request %d: the sender failed it: %s", rid, reason)
 
+    # -- connections ----------------------------------------------------------------------------
+    def connected(self, owner: Hashable) -> None:
+        with self._lock:
+            self._links[owner] = self._links.get(owner, 0) + 1
+            self._lost.pop(owner, None)
+
+    def disconnected(self, owner: Hashable, now: float) -> None:
+        with self._lock:
+            left = self._links.get(owner, 0) - 1
+            if left > 0:
+                self._links[owner] = left
+            else:
+                self._links.pop(owner, None)
+                self._lost[owner] = now
+
     # -- upkeep (the watchdog) ------------------------------------------------------------------
+    def fail_overdue(self, now: float, sender_grace_s: float) -> None:
+        """Fail the requests past their deadline, and those whose sender has had no connection
+        for ``sender_grace_s``; forget the lost senders that no request waits on."""
+        with self._lock:
+            waiting = [h for h in self._active.values() if not h.finished]
+            expired = [h for h in waiting if now > h.deadline]
+            orphaned = [(h, now - self._lost[h.owner]) for h in waiting
+                        if now <= h.deadline and h.owner in self._lost
+                        and now - self._lost[h.owner] > sender_grace_s]
+            owners = {h.owner for h in waiting}
+            for owner in [o for o in self._lost if o not in owners]:
+                del self._lost[owner]
+        for h in expired:  # abandoned: its slot is freed by the next sweep
+            h.fail(TransferDeadlineError(f"request {h.request_id}: deadline passed after "
+                                         f"{now - h.created_at:.2f} s ({h.progress()})"))
+        for h, lost_s in orphaned:
+            h.fail(TransferError(f"request {h.request_id}: its sender's connection ended "
+                                 f"{lost_s:.1f} s ago and it has not come back "
+                                 f"(sender_grace_s={sender_grace_s:g}; {h.progress()})"))
+
     def sweep(self) -> None:
         """Free the slots of requests that completed or failed."""
         with self._lock:
             self._sweep()
-
-    def expired(self, now: float) -> list[ReceiveHandle]:
-        with self._lock:
-            return [h for h in self._active.values() if not h.finished and now > h.deadline]
 
     def handles(self) -> list[ReceiveHandle]:
         with self._lock:

@@ -641,3 +641,34 @@ def test_a_request_the_sender_fails_fails_on_the_receiver_at_once(layer):
         small = make_layers(2, 100, seed=3)  # the control connection serves the next request
         assert sender.send(8, codec, small).wait(WAIT) and receiver.request(8).wait(WAIT)
         assert_kv_equal(receiver.request(8), expected_kv(codec, small))
+
+
+@needs_engine
+def test_a_request_whose_sender_stopped_fails_after_the_grace_not_at_its_deadline():
+    """The sender stores layer 0 of request 11, then stops (closed mid-request, as a prefill
+    process that dies): the receiver fails the request sender_grace_s after the control
+    connection ended, naming that, instead of at its 60 s deadline (past WAIT); a new sender
+    is served as before."""
+    import threading
+    codec = small_codec("lynx")
+    layers = make_layers(2, 200)
+    never = threading.Event()
+    with _Pair(receiver_kw={"sender_grace_s": 0.5}) as (receiver, sender):
+        serde = sender._serde(codec, sender._meta(codec, 2, 200, H, D, torch.bfloat16))
+
+        def stalled():  # layer 1 never comes
+            yield serde.encode(*layers[0])
+            never.wait(WAIT)
+        handle = receiver.request(11)
+        sender.send_layers(11, codec, stalled(), num_layers=2, num_tokens=200, num_kv_heads=H,
+                           head_dim=D, dtype=torch.bfloat16)
+        _until(lambda: handle.arrivals)  # layer 0 is in
+        sender.close()
+        with pytest.raises(TransferError, match=r"request 11: its sender's connection ended "
+                                                r"\d+\.\d s ago and it has not come back"):
+            handle.wait(WAIT)
+        never.set()
+        with MooncakeSender(SenderConfig(port=receiver.port)) as again:
+            assert again.send(12, codec, layers).wait(WAIT)
+        assert receiver.request(12).wait(WAIT)
+        assert_kv_equal(receiver.request(12), expected_kv(codec, layers))

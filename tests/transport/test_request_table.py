@@ -1,16 +1,18 @@
 """The receiver's requests against hostile peers, over real sockets on loopback (issue 18 items
 4 and 5): refused, completed and abandoned requests free their slot; a request belongs to the
-sender session that opened it, and frames of it from another session are refused."""
+sender session that opened it, and frames of it from another session are refused; a request
+whose sender is gone (no connection for sender_grace_s) fails then."""
 import time
 
 import pytest
 
 from lynx_npu.transport import (Receiver, ReceiverConfig, RemoteError, Sender, SenderConfig,
-                                TransferDeadlineError)
+                                TransferDeadlineError, TransferError)
 from lynx_npu.transport.request_table import RequestTable
 from lynx_npu.wire import Frame, Kind
 
-from .helpers import assert_kv_equal, expected_kv, make_layers, small_codec
+from .fault_proxy import FaultProxy
+from .helpers import assert_kv_equal, expected_kv, make_layers, pair, small_codec
 from .hostile_peer import RawPeer, frames_of
 
 WAIT = 30  # a bound, never reached when the code works
@@ -127,3 +129,60 @@ def test_junk_sent_first_is_not_merged_with_the_real_transfer():
         assert not handle.residual_ready.is_set()
         assert len(handle.arrivals) == 2  # the junk's two frames, nothing of the real sender
         peer.close()
+
+
+# -- a sender that is gone: its requests fail after sender_grace_s, not at their deadline -------
+@pytest.mark.parametrize("how", ["closed", "silent"])
+def test_a_request_whose_sender_is_gone_fails_after_the_grace_not_at_its_deadline(how):
+    """A sender sends the first frame of request 9, then its connection closes (its process
+    died: "closed"), or it goes silent with the connection open (its host died: "silent"; the
+    receiver's idle timeout closes it). The request fails sender_grace_s after its last
+    connection ended, naming that, not at its 60 s deadline (the vLLM connector's 600 s); a
+    request of another sender after it completes. Before, the error below was a wait that ran
+    out."""
+    codec = small_codec("int8")
+    gone, kept = make_layers(2, 64, seed=1), make_layers(2, 64, seed=2)
+    config = ReceiverConfig(deadline_s=60, sender_grace_s=0.5,
+                            idle_timeout_s=0.5 if how == "silent" else 60)
+    with Receiver(config) as receiver:
+        peer = RawPeer(receiver.port)
+        try:
+            assert peer.exchange(frames_of(9, codec, gone)[0]).kind == Kind.ACK
+            if how == "closed":
+                peer.close()
+            with pytest.raises(TransferError, match=r"request 9: its sender's connection ended "
+                                                    r"\d+\.\d s ago and it has not come back "
+                                                    r"\(sender_grace_s=0.5; "):
+                receiver.request(9).wait(WAIT)
+        finally:
+            peer.close()
+        other = RawPeer(receiver.port)
+        try:
+            for f in frames_of(10, codec, kept):  # a live sender is served as before
+                assert other.exchange(f).kind == Kind.ACK
+        finally:
+            other.close()
+        assert receiver.request(10).wait(WAIT)
+        assert_kv_equal(receiver.request(10), expected_kv(codec, kept))
+
+
+def test_a_sender_that_reconnects_within_the_grace_keeps_its_requests():
+    """The connection is cut mid-request (data frame 3); the sender reconnects with its session
+    within the grace and resends: the request completes exactly, not failed as gone."""
+    codec, layers = small_codec("lynx"), make_layers(3, 300)
+
+    def plan(conn_no, frame_no, kind):
+        return "drop_conn" if (conn_no, frame_no) == (0, 3) else "pass"
+    with pair(receiver_kw={"sender_grace_s": 2.0},
+              sender_kw={"retransmit_s": 0.3, "reconnect_backoff_s": 0.01},
+              via=lambda port: FaultProxy(port, plan)) as (receiver, sender, proxy):
+        assert sender.send(1, codec, layers).wait(WAIT)
+        assert receiver.request(1).wait(WAIT)
+        assert_kv_equal(receiver.request(1), expected_kv(codec, layers))
+        assert proxy.actions() == ["drop_conn"]
+
+
+def test_grace_is_validated():
+    for bad in (0, -1.0, float("nan"), True):
+        with pytest.raises(ValueError, match="sender_grace_s"):
+            ReceiverConfig(sender_grace_s=bad)
