@@ -206,6 +206,8 @@ class LynxConnectorConfig:
     max_drafts: int = 64               # drafts per request before it waits for the residual
     residual_timeout_s: float = 30.0   # residual not complete this long after the anchor: recompute
     transfer_timeout_s: float = 600.0  # whole transfer (first frame or request to residual)
+    sender_grace_s: float = 10.0       # a transfer whose sender has had no connection this long
+                                       # fails and recomputes (its prefill died); tcp, mooncake
     num_decode_threads: int = 1        # receiver threads verifying and handing on pages
     # Dequantize residual pages only once the whole residual is in, so drafting on the anchor
     # does not share the host's CPU (and the GIL) with residual decoding (docs/demo.md).
@@ -252,6 +254,7 @@ class LynxConnectorConfig:
         check_number("max_drafts", self.max_drafts, 0, 120, integer=True)
         check_number("residual_timeout_s", self.residual_timeout_s, 0, 3600, low_open=True)
         check_number("transfer_timeout_s", self.transfer_timeout_s, 0, 86400, low_open=True)
+        check_number("sender_grace_s", self.sender_grace_s, 0, 3600, low_open=True)
         check_number("num_decode_threads", self.num_decode_threads, 1, 64, integer=True)
         check_number("num_connections", self.num_connections, 1, 16, integer=True)
         if not isinstance(self.defer_residual, bool):

@@ -19,6 +19,7 @@ def make_receiver(config: LynxConnectorConfig, rank: int, on_encoded: OnEncoded)
     """The decode worker's receiver: listens on ``port + rank`` (tensor-parallel rank r)."""
     cfg = ReceiverConfig(host=config.host, port=config.port + rank if config.port else 0,
                          deadline_s=config.transfer_timeout_s,
+                         sender_grace_s=config.sender_grace_s,
                          num_decode_threads=config.num_decode_threads,
                          defer_residual=config.defer_residual, secret=config.secret_bytes,
                          codecs=declared_codecs(config))

@@ -37,6 +37,7 @@ def test_fail_layer_is_a_layer_index_or_none():
     ("kv_producer", {"wire_dtype": "int8"}, "wire_dtype"),
     ("kv_producer", {"secret": "short"}, "secret"),
     ("kv_consumer", {"residual_timeout_s": 0}, "residual_timeout_s"),
+    ("kv_consumer", {"sender_grace_s": 0}, "sender_grace_s"),
     ("kv_consumer", {"early_start_s": -0.01}, r"early_start_s=-0.01 must be a finite number"),
     ("kv_consumer", {"early_start_s": "0.05"}, "early_start_s='0.05' must be a number"),
 ])

@@ -306,6 +306,29 @@ def test_prefill_transport_restart_mid_transfer(setup):
     _assert_released(pair, baseline)
 
 
+# -- 3a. the prefill dies before the anchor is in: its connection ends and never comes back ----
+def test_a_prefill_that_dies_before_the_anchor_recomputes_after_the_grace(setup):
+    """The prefill sends 10 of the prompt's 30 layers, then its transport dies and no new one
+    takes over (a prefill process killed, as the decode side sees it: the connection ends).
+    The request recomputes sender_grace_s (10 s, the default) after, its residual_lost naming
+    the lost sender; before, it waited out transfer_timeout_s (20 s here, 600 by default)."""
+    pair, prompts, full, local, baseline = setup
+    pre = pair.prefill.llm_engine
+    flight = Flight(pair, prompts[0], withhold_layers=20)
+    _drive(pair, [flight], until=lambda: not pre.has_unfinished_requests())
+    time.sleep(3.0)  # its 10 layers cross the 0.01 Gbps link (~1 s): the transfer has a sender
+    assert pair.prefill.collective_rpc(restart_prefill_transport)[0] == 1
+    _drive(pair, [flight], timeout_s=TRANSFER_TIMEOUT_S + 60)
+    lost = flight.stats.get("residual_lost") or ""
+    assert "its sender's connection ended" in lost, flight.stats
+    assert flight.stats["phase"] == "recompute" and flight.tokens == local[0]
+    # A prefill that comes back (a new sender, session and connection) is served as before.
+    again = pair.run(prompts[1], "lynx", max_tokens=MAX_TOKENS)
+    assert again.stats["stage"] == "anchor" and not again.stats["residual_lost"], again.stats
+    assert again.tokens == full[1]
+    _assert_released(pair, baseline)
+
+
 # -- 3b. samples of one prompt share its transfer ----------------------------------------------
 def test_samples_share_one_transfer_and_release_it(setup):
     """n = 2: two decode requests follow one transfer (its key); each page goes into both

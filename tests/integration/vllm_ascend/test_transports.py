@@ -80,7 +80,8 @@ def test_workers_transport_carries_a_request(transport, tmp_path):
         from lynx_npu.integration.vllm_ascend.tools.local_pair import free_port
         more = {"lmcache_dir": str(tmp_path)}
     consumer = LynxConnectorConfig.from_vllm("kv_consumer", {
-        "transport": transport, **more, **({"port": free_port()} if more else {})})
+        "transport": transport, "sender_grace_s": 7.5, **more,
+        **({"port": free_port()} if more else {})})
     pages = []
     receiver = make_receiver(consumer, 0, lambda rid, layer, page, stage: pages.append(
         (rid, layer, page.index, stage)))
@@ -98,6 +99,7 @@ def test_workers_transport_carries_a_request(transport, tmp_path):
             from lynx_npu.transport.mooncake import MooncakeReceiver, MooncakeSender
             kinds = (MooncakeReceiver, MooncakeSender)
         assert isinstance(receiver, kinds[0]) and isinstance(sender, kinds[1])
+        assert receiver.config.sender_grace_s == 7.5  # the connector's option reaches it
         if transport == "tcp":
             assert sender.config.num_connections == 2
         codec = lynx_npu.get_codec("lynx")  # as declared in the handshake: 256-token pages
