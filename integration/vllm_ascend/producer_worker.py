@@ -21,11 +21,10 @@ import torch
 
 import lynx_npu
 from lynx_npu.ops import EncodedLayer, PagedKVCache, WirePage, serde_for
-from lynx_npu.transport.base import KVSender
 
 from .config import LynxConnectorConfig, parse_peer
 from .messages import SaveJob
-from .transports import Senders
+from .transports import PeerUnavailable, Senders
 from .vllm_compat import get_logger
 
 log = get_logger(__name__)
@@ -63,7 +62,6 @@ class ProducerWorker:
         self._saves: list[SaveJob] = []
         self._senders = Senders(config)
         self._serdes: dict[str, object] = {}
-        self._handles: list = []
 
     def register(self, kv: PagedKVCache) -> None:
         self.kv = kv
@@ -79,6 +77,8 @@ class ProducerWorker:
                 raise RuntimeError("KV caches were never registered with the Lynx connector")
             try:
                 self._save(job)
+            except PeerUnavailable as e:  # nothing encoded: the decode side recomputes
+                log.warning("Lynx: the KV of request %s is not sent: %s", job.req_id, e)
             except Exception:  # one bad request must not stop the others (or the engine)
                 log.exception("Lynx: sending the KV of request %s failed", job.req_id)
 
@@ -100,12 +100,13 @@ class ProducerWorker:
         slots = kv.slots(job.block_ids, 0, job.num_tokens)
         feed = _Feed(kv.num_layers)
         # Each tensor-parallel rank sends its own heads to its own receiver (port + rank), so
-        # the transfer id is the same on every rank.
-        handle = self._sender(peer).send_layers(
-            params.transfer_id, codec, feed, num_layers=kv.num_layers,
+        # the transfer id is the same on every rank. Never waits for the receiver (a sender
+        # not made yet takes the request once it is up: transports.Senders).
+        host, port = parse_peer(peer)
+        self._senders.send_layers(
+            host, port + self.rank, params.transfer_id, codec, feed, num_layers=kv.num_layers,
             num_tokens=job.num_tokens, num_kv_heads=kv.num_kv_heads, head_dim=kv.head_size,
             dtype=dtype)
-        self._handles = [h for h in self._handles if not h.done.settled()] + [handle]
         if dtype == kv.dtype:
             layers = serde.encode_layers(kv, slots.to(kv.device))
         else:  # wire_dtype: the cast needs the tokens gathered first
@@ -130,11 +131,6 @@ class ProducerWorker:
         if self.config.wire_dtype is None:
             return self.kv.dtype
         return getattr(torch, self.config.wire_dtype)
-
-    def _sender(self, peer: str) -> KVSender:
-        host, port = parse_peer(peer)
-        # tensor-parallel rank r talks to the decode receiver of rank r
-        return self._senders.get(host, port + self.rank)
 
     def restart_transport(self) -> int:
         """Close every sender now (a transfer in flight fails on this side and its connection

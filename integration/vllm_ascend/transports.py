@@ -9,10 +9,17 @@ fails when the worker starts, naming the import error (EngineUnavailable / LMCac
 """
 from __future__ import annotations
 
-from lynx_npu.transport import Receiver, ReceiverConfig, Sender, SenderConfig
+import threading
+import time
+from dataclasses import dataclass, field
+
+from lynx_npu.transport import Receiver, ReceiverConfig, Sender, SenderConfig, TransferError
 from lynx_npu.transport.base import KVReceiver, KVSender, OnEncoded
 
 from .config import LynxConnectorConfig, declared_codecs
+from .vllm_compat import get_logger
+
+log = get_logger(__name__)
 
 
 def make_receiver(config: LynxConnectorConfig, rank: int, on_encoded: OnEncoded) -> KVReceiver:
@@ -32,28 +39,120 @@ def make_receiver(config: LynxConnectorConfig, rank: int, on_encoded: OnEncoded)
     return Receiver(cfg, on_encoded=on_encoded)
 
 
+class PeerUnavailable(TransferError):
+    """No sender to this decode receiver for now: making one failed a moment ago."""
+
+
+# After a failed attempt to reach a decode receiver, its requests fail at once for this long
+# (nothing encoded, nothing waited for); the first request after it tries again.
+RETRY_S = 5.0
+
+
+@dataclass
+class _Peer:
+    sender: KVSender | None = None
+    pending: list = field(default_factory=list)  # (args, kwargs) of send_layers, in order
+    dialing: bool = False
+    error: str = ""                              # why the last attempt failed
+    failed_at: float = 0.0
+
+
 class Senders:
     """The prefill worker's senders, one per decode receiver, made on first use; over Mooncake
     they share one engine (one segment per worker process); over LMCache each has its own
-    StorageManager on the shared directory."""
+    StorageManager on the shared directory.
+
+    ``send_layers`` never waits for a decode receiver: making a sender (connect and handshake)
+    runs on a thread of its own, and the requests to that receiver wait in order meanwhile and
+    go once it is up. A worker's step used to make it in place, so a hung decode receiver (one
+    that accepts and never answers) held every prefill step 15 s (connect_timeout_s x
+    handshake_attempts), for requests to every other decode instance too. If making it fails,
+    the waiting requests fail (logged) and so does every request to that receiver for
+    ``RETRY_S`` after, at once (PeerUnavailable, before any encoding)."""
 
     def __init__(self, config: LynxConnectorConfig):
         self.config = config
-        self._senders: dict[tuple[str, int], KVSender] = {}
+        self._peers: dict[tuple[str, int], _Peer] = {}
         self._engine = None
+        self._engine_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._generation = 0  # close() ends the senders (and dials) of the one before
 
     def get(self, host: str, port: int) -> KVSender:
-        sender = self._senders.get((host, port))
-        if sender is None:
-            sender = self._senders[(host, port)] = self._make(host, port)
+        """The sender to ``host:port``, made now (on this thread) if there is none."""
+        with self._lock:
+            peer = self._peers.setdefault((host, port), _Peer())
+            if peer.sender is not None:
+                return peer.sender
+        sender = self._make(host, port)
+        with self._lock:
+            if peer.sender is None:
+                peer.sender, peer.error = sender, ""
+                return sender
+        sender.close()  # made twice at once: keep the first
+        return peer.sender
+
+    def send_layers(self, host: str, port: int, *args, **kwargs) -> KVSender | None:
+        """``KVSender.send_layers(*args, **kwargs)`` on the sender to ``host:port`` -> that
+        sender, or None while it is being made (the request goes once it is up)."""
+        with self._lock:
+            key = (host, port)
+            peer = self._peers.setdefault(key, _Peer())
+            sender = peer.sender
+            if sender is None:
+                since = time.monotonic() - peer.failed_at
+                if peer.error and not peer.dialing and since < RETRY_S:
+                    raise PeerUnavailable(
+                        f"the decode receiver {host}:{port} could not be reached {since:.1f} s "
+                        f"ago ({peer.error}); tried again {RETRY_S:g} s after that")
+                peer.pending.append((args, kwargs))
+                if not peer.dialing:
+                    peer.dialing = True
+                    threading.Thread(target=self._dial, args=(key, peer, self._generation),
+                                     daemon=True, name="lynx-dial").start()
+                return None
+        sender.send_layers(*args, **kwargs)
         return sender
+
+    def dialing(self, host: str, port: int) -> int:
+        """How many requests wait for the sender to ``host:port`` being made (0: none is)."""
+        with self._lock:
+            peer = self._peers.get((host, port))
+            return len(peer.pending) if peer is not None and peer.dialing else 0
+
+    def _dial(self, key: tuple[str, int], peer: _Peer, generation: int) -> None:
+        try:
+            sender, error = self._make(*key), ""
+        except Exception as e:  # noqa: BLE001 - unreachable, refused, a hung receiver
+            sender, error = None, f"{type(e).__name__}: {e}"
+        with self._lock:
+            pending, peer.pending, peer.dialing = peer.pending, [], False
+            current = generation == self._generation and self._peers.get(key) is peer
+            if sender is not None and current:
+                peer.sender, peer.error = sender, ""
+            elif sender is None:
+                peer.error, peer.failed_at = error, time.monotonic()
+        if sender is not None and not current:  # closed meanwhile (a restart)
+            sender.close()
+            sender, error = None, "the prefill's transport was closed meanwhile"
+        for args, kwargs in pending:
+            rid = args[0] if args else kwargs.get("request_id")
+            if sender is None:
+                log.warning("Lynx: the KV of transfer %s is not sent: the decode receiver "
+                            "%s:%d could not be reached (%s)", rid, *key, error)
+                continue
+            try:
+                sender.send_layers(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - one bad request must not stop the others
+                log.exception("Lynx: sending the KV of transfer %s failed", rid)
 
     def _make(self, host: str, port: int) -> KVSender:
         c = self.config
         if c.transport == "mooncake":
             from lynx_npu.transport.mooncake import MooncakeEngine, MooncakeSender
-            if self._engine is None:
-                self._engine = MooncakeEngine(c.mooncake_config())
+            with self._engine_lock:  # senders to two receivers may be made at once
+                if self._engine is None:
+                    self._engine = MooncakeEngine(c.mooncake_config())
             return MooncakeSender(SenderConfig(port=port, host=host,
                                                deadline_s=c.transfer_timeout_s,
                                                secret=c.secret_bytes, codecs=declared_codecs(c)),
@@ -69,12 +168,17 @@ class Senders:
                                    codecs=declared_codecs(c)))
 
     def close(self) -> int:
-        """Close every sender (and the Mooncake engine); -> how many senders were open."""
-        closed = len(self._senders)
-        for sender in self._senders.values():
+        """Close every sender (and the Mooncake engine); -> how many senders were open. A
+        sender still being made is closed once made; its waiting requests are not sent."""
+        with self._lock:
+            self._generation += 1
+            senders = [p.sender for p in self._peers.values() if p.sender is not None]
+            self._peers.clear()
+        for sender in senders:
             sender.close()
-        self._senders.clear()
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+        closed = len(senders)
+        with self._engine_lock:
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
         return closed

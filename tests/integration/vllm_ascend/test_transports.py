@@ -3,18 +3,22 @@
 default, mooncake or lmcache when asked; a request crosses each one, handed on encoded as the
 decode worker takes it. No vLLM needed."""
 import os
+import socket
+import threading
+import time
 
 os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 
 import pytest  # noqa: E402
 
 from lynx_npu.integration.vllm_ascend.config import LynxConnectorConfig  # noqa: E402
-from lynx_npu.integration.vllm_ascend.transports import Senders, make_receiver  # noqa: E402
+from lynx_npu.integration.vllm_ascend.transports import (PeerUnavailable, Senders,  # noqa: E402
+                                                          make_receiver)
 from lynx_npu.transport import Receiver, Sender  # noqa: E402
 from lynx_npu.transport.lmcache_store import unavailable_reason as lmcache_reason  # noqa: E402
 from lynx_npu.transport.mooncake import unavailable_reason  # noqa: E402
 import lynx_npu  # noqa: E402
-from tests.transport.helpers import make_layers  # noqa: E402
+from tests.transport.helpers import assert_kv_equal, expected_kv, make_layers  # noqa: E402
 
 REASON = unavailable_reason()
 LMCACHE_REASON = lmcache_reason()
@@ -115,6 +119,117 @@ def test_workers_transport_carries_a_request(transport, tmp_path):
         receiver.close()
 
 
+class _Gate:
+    """A TCP relay to ``target`` that passes nothing until ``opened`` is set: a decode receiver
+    slow to answer its handshake."""
+
+    def __init__(self, target: int):
+        self.target, self.opened = target, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                near, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(near,), daemon=True).start()
+
+    def _relay(self, near):
+        self.opened.wait(60)
+        far = socket.create_connection(("127.0.0.1", self.target))
+        for a, b in ((near, far), (far, near)):
+            threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+    def close(self):
+        self.listener.close()
+
+
+def _pipe(a, b):
+    try:
+        while data := a.recv(1 << 16):
+            b.sendall(data)
+    except OSError:
+        pass
+    for x in (a, b):
+        try:
+            x.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _encoded(codec, layers):
+    from lynx_npu.ops import serde_for
+    serde = serde_for(codec)
+    return [serde.for_layer(i, len(layers)).encode(k, v) for i, (k, v) in enumerate(layers)]
+
+
+def _shape(layers):
+    k = layers[0][0]
+    return dict(num_layers=len(layers), num_tokens=k.shape[1], num_kv_heads=k.shape[0],
+                head_dim=k.shape[2], dtype=k.dtype)
+
+
+def test_requests_wait_for_their_sender_being_made_and_go_in_order_once_it_is_up():
+    """The decode receiver answers the handshake only when the gate opens: the prefill
+    worker's two requests to it wait (send_layers returned, nothing blocked), then both arrive
+    exact, in the order they came."""
+    codec = lynx_npu.get_codec("lynx")
+    data = {rid: make_layers(num_layers=2, num_tokens=300, seed=rid) for rid in (5, 6)}
+    with Receiver() as receiver:
+        gate = _Gate(receiver.port)
+        senders = Senders(LynxConnectorConfig.from_vllm("kv_producer", {}))
+        try:
+            for rid, layers in data.items():
+                assert senders.send_layers("127.0.0.1", gate.port, rid, codec,
+                                           iter(_encoded(codec, layers)),
+                                           **_shape(layers)) is None
+            assert senders.dialing("127.0.0.1", gate.port) == 2  # both wait, none was sent
+            gate.opened.set()
+            for rid, layers in data.items():
+                handle = receiver.request(rid)
+                assert handle.wait(30)
+                assert_kv_equal(handle, expected_kv(codec, layers))
+            first = {rid: receiver.request(rid).arrivals[0][0] for rid in data}
+            assert first[5] <= first[6]  # in the order the requests came
+        finally:
+            senders.close()
+            gate.close()
+
+
+def test_a_hung_decode_receiver_never_holds_the_prefill_worker():
+    """A decode receiver that accepts and never answers (a hung process): the prefill worker's
+    call returns while the sender is still being made (its step used to wait 15 s for it,
+    connect_timeout_s x handshake_attempts, on every request); requests to a healthy receiver
+    go meanwhile; once making it failed, requests to the hung one fail at once, naming why."""
+    codec = lynx_npu.get_codec("lynx")
+    layers = make_layers(num_layers=2, num_tokens=300)
+    hung = socket.create_server(("127.0.0.1", 0))  # the kernel accepts, nothing answers
+    port = hung.getsockname()[1]
+    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer", {}))
+    try:
+        with Receiver() as healthy:
+            assert senders.send_layers("127.0.0.1", port, 7, codec, iter(_encoded(codec, layers)),
+                                       **_shape(layers)) is None
+            assert senders.dialing("127.0.0.1", port) == 1  # returned before the dial ended
+            senders.send_layers("127.0.0.1", healthy.port, 8, codec,
+                                iter(_encoded(codec, layers)), **_shape(layers))
+            assert healthy.request(8).wait(30)
+            assert_kv_equal(healthy.request(8), expected_kv(codec, layers))
+        deadline = time.monotonic() + 60
+        while senders.dialing("127.0.0.1", port):
+            assert time.monotonic() < deadline, "the dial never ended"
+            time.sleep(0.1)
+        with pytest.raises(PeerUnavailable, match=rf"the decode receiver 127.0.0.1:{port} could "
+                                                  rf"not be reached .*HandshakeError.*timed out"):
+            senders.send_layers("127.0.0.1", port, 9, codec, iter(()), **_shape(layers))
+    finally:
+        senders.close()
+        hung.close()
+
+
 def test_producer_link_rate_and_restart():
     """ProducerWorker.set_link_rate / restart_transport (what ``lynx bench ttkt`` and the
     failure tests call on the prefill worker): the open sender is closed and counted, the next
@@ -124,16 +239,16 @@ def test_producer_link_rate_and_restart():
     receiver = Receiver()
     worker = ProducerWorker(LynxConnectorConfig.from_vllm("kv_producer", {"gbps": 1.0}), 0, 1)
     try:
-        peer = f"127.0.0.1:{receiver.port}"
-        first = worker._sender(peer)
+        sender = lambda: worker._senders.get("127.0.0.1", receiver.port)  # noqa: E731
+        first = sender()
         assert first.config.gbps == 1.0
         with pytest.raises(ValueError, match="gbps=-2"):
             worker.set_link_rate(-2)
-        assert worker._sender(peer) is first and worker.config.gbps == 1.0
+        assert sender() is first and worker.config.gbps == 1.0
         assert worker.set_link_rate(0.25) == 1
-        second = worker._sender(peer)
+        second = sender()
         assert second is not first and second.config.gbps == 0.25
-        assert worker.set_link_rate(None) == 1 and worker._sender(peer).config.gbps is None
+        assert worker.set_link_rate(None) == 1 and sender().config.gbps is None
         assert worker.restart_transport() == 1 and worker.restart_transport() == 0
     finally:
         worker.close()
