@@ -55,6 +55,10 @@ class SenderConfig:
     thread_nice: int = 10                # the writers' nice value at least this (Linux;
                                          # transport/priority.py): a host's model threads first
     deadline_s: float = 60.0             # a request not fully acknowledged by then fails
+    # While requests wait, no connection to the receiver for this long (down, unreachable)
+    # fails them all (and the next ones, while it lasts), instead of holding their KV in
+    # memory to their deadlines; the receiver gives up on them after its own sender_grace_s.
+    receiver_grace_s: float = 10.0
     retransmit_s: float = 5.0            # resend a frame unacknowledged for this long
     connect_timeout_s: float = 5.0       # TCP connect, and then the whole handshake
     handshake_attempts: int = 3          # Sender(): a handshake cut or corrupted in transit is
@@ -81,8 +85,8 @@ class SenderConfig:
         if type(self.handshake_attempts) is not int or not 1 <= self.handshake_attempts <= 100:
             raise ValueError(f"{self.handshake_attempts=} must be an int in [1, 100]")
         _positive("gbps", self.gbps, allow_none=True)
-        for name in ("deadline_s", "retransmit_s", "connect_timeout_s", "reconnect_backoff_s",
-                     "burst_s", "early_s", "frame_s"):
+        for name in ("deadline_s", "receiver_grace_s", "retransmit_s", "connect_timeout_s",
+                     "reconnect_backoff_s", "burst_s", "early_s", "frame_s"):
             _positive(name, getattr(self, name))
         if self.send_buffer_bytes is not None and (
                 not isinstance(self.send_buffer_bytes, int) or self.send_buffer_bytes < 4096):

@@ -41,7 +41,7 @@ from .errors import (HandshakeError, RemoteError, TransferDeadlineError, Transfe
                      TransportClosed)
 from .mooncake_descriptor import PageDescriptor
 from .mooncake_engine import MooncakeConfig, MooncakeEngine
-from .request_checks import abort_bytes, abort_key, page_refused, request_meta
+from .request_checks import DownClock, abort_bytes, abort_key, page_refused, request_meta
 from .send_queue import SendQueue
 from .sender import SendHandle
 
@@ -490,8 +490,19 @@ class MooncakeSender(KVSender):
 
     def _watchdog_loop(self) -> None:
         tick = min(0.05, self.config.retransmit_s / 4)
+        down = DownClock(self.config.receiver_grace_s)
         while not self._closed.wait(tick):
             now = time.monotonic()
+            with self._lock:  # descriptors not acknowledged need the control connection
+                waiting = [r.handle for r in self._requests.values()] if self._frames else []
+                connected = self._conn is not None
+            gone = down.gone(now, bool(waiting), connected)
+            for handle in waiting if gone else ():
+                self._fail(handle, TransferError(
+                    f"request {handle.request_id}: no control connection to the receiver "
+                    f"{self.config.host}:{self.config.port} for {gone:.1f} s "
+                    f"(receiver_grace_s={self.config.receiver_grace_s:g}"
+                    + (f"; last error: {self.last_error})" if self.last_error else ")")))
             with self._lock:
                 expired = [(r.handle, len(r.unacked)) for r in self._requests.values()
                            if now > r.handle.deadline]

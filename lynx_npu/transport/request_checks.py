@@ -13,6 +13,9 @@ The receiver runs the same checks (wire.read_frame, receive_state.py, mooncake_d
 and would refuse what fails here: refusing first fails the request at once, nothing of it on
 the wire. ``limits`` is None while the receiver has announced none: nothing is checked then.
 
+``DownClock``: how long a sender with requests waiting has had no connection to its receiver
+(SenderConfig.receiver_grace_s).
+
 ``abort_key`` / ``abort_bytes``: what a sender sends when it fails a request for a reason the
 receiver cannot see (encoding failed, a page it would refuse): an ERROR frame for the request
 (frame format 5), so that the receiver fails it at once instead of at its deadline.
@@ -70,3 +73,21 @@ def abort_bytes(request_id: int, error: BaseException) -> bytes:
     text = str(error).encode("utf-8", errors="replace")[:ABORT_TEXT_BYTES]
     return encode_frame(Frame(Kind.ERROR, request_id,
                               payload=text.decode("utf-8", errors="ignore").encode()))
+
+
+class DownClock:
+    """Since when a sender has had requests waiting and no connection to its receiver: a
+    sender with nothing to send may be disconnected (the receiver closes idle connections)."""
+
+    def __init__(self, grace_s: float):
+        self.grace_s, self.since = grace_s, None
+
+    def gone(self, now: float, waiting: bool, connected: bool) -> float:
+        """-> the seconds it has lasted once past the grace, else 0."""
+        if connected or not waiting:
+            self.since = None
+            return 0.0
+        if self.since is None:
+            self.since = now
+        lasted = now - self.since
+        return lasted if lasted > self.grace_s else 0.0

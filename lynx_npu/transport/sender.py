@@ -50,7 +50,7 @@ from .errors import (HandshakeError, RemoteError, TransferDeadlineError, Transfe
 from .events import StageEvent
 from .priority import lower_this_thread
 from .rate_limit import TokenBucket
-from .request_checks import abort_bytes, abort_key, page_refused, request_meta
+from .request_checks import DownClock, abort_bytes, abort_key, page_refused, request_meta
 from .send_queue import SendQueue
 
 log = logging.getLogger(__name__)
@@ -594,8 +594,21 @@ class Sender(KVSender):
     # -- watchdog: deadlines and retransmission ------------------------------------------------
     def _watchdog_loop(self) -> None:
         tick = min(0.05, self.config.retransmit_s / 4)
+        down = DownClock(self.config.receiver_grace_s)
         while not self._closed.wait(tick):
             now = time.monotonic()
+            with self._lock:  # frames produced and not acknowledged need a connection
+                waiting = list(self._requests.values()) if self._frames else []
+                connected = any(link.conn is not None for link in self._links)
+            gone = down.gone(now, bool(waiting), connected)
+            if gone:
+                links = "; ".join(link.last_error for link in self._links if link.last_error)
+                for handle in waiting:
+                    self._fail(handle, TransferError(
+                        f"request {handle.request_id}: no connection to the receiver "
+                        f"{self.config.host}:{self.config.port} for {gone:.1f} s "
+                        f"(receiver_grace_s={self.config.receiver_grace_s:g}"
+                        + (f"; last link error: {links})" if links else ")")))
             with self._lock:
                 expired = [h for h in self._requests.values() if now > h.deadline]
                 stale = [k for k, (_, _, t) in self._inflight.items()

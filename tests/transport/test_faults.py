@@ -188,3 +188,50 @@ def test_transfers_that_cannot_finish_fail_by_their_deadline_beside_ones_that_do
         elapsed = time.monotonic() - start
         assert elapsed < deadline_s + 5.0, elapsed  # by the deadline (plus ticks and load)
         assert receiver.num_active_requests == 0     # the failed requests freed their slots
+
+
+def _stalled(serde, layers, go):
+    """Layer 0 at once, the rest once ``go`` is set (a prefill still encoding)."""
+    yield serde.encode(*layers[0])
+    go.wait(WAIT)
+    for k, v in layers[1:]:
+        yield serde.encode(k, v)
+
+
+def test_a_receiver_that_is_gone_fails_the_senders_requests_after_the_grace():
+    """The receiver dies mid-request (closed after layer 0 arrived; later frames have nowhere
+    to go): the sender fails the request receiver_grace_s after it lost the connection,
+    naming it, instead of holding its KV to the deadline (60 s here, the vLLM connector's
+    transfer_timeout_s 600 s); so does a request sent while the receiver is still gone.
+    Before, the error below was a wait that ran out."""
+    import threading
+
+    from lynx_npu.ops import serde_for
+    from lynx_npu.transport import Receiver, ReceiverConfig, Sender, SenderConfig, TransferError
+    codec, layers = small_codec("lynx"), make_layers(3, 300)
+    go = threading.Event()
+    receiver = Receiver(ReceiverConfig())
+    port = receiver.port
+    try:
+        with Sender(SenderConfig(port=port, receiver_grace_s=0.5, deadline_s=60,
+                                 **{k: v for k, v in FAST.items() if k != "deadline_s"})) as s:
+            serde = serde_for(codec)
+            handle = s.send_layers(3, codec, _stalled(serde, layers, go), num_layers=3,
+                                   num_tokens=300, num_kv_heads=layers[0][0].shape[0],
+                                   head_dim=layers[0][0].shape[2], dtype=layers[0][0].dtype)
+            arrived = receiver.request(3)
+            deadline = time.monotonic() + WAIT
+            while not arrived.arrivals:
+                assert time.monotonic() < deadline, "layer 0 never arrived"
+                time.sleep(0.01)
+            receiver.close()
+            go.set()
+            gone = (rf"no connection to the receiver 127.0.0.1:{port} for \d+\.\d s "
+                    rf"\(receiver_grace_s=0.5; last link error: ")
+            with pytest.raises(TransferError, match=rf"request 3: {gone}"):
+                handle.wait(WAIT)
+            with pytest.raises(TransferError, match=rf"request 4: {gone}"):
+                s.send(4, codec, layers).wait(WAIT)
+    finally:
+        go.set()
+        receiver.close()

@@ -672,3 +672,38 @@ def test_a_request_whose_sender_stopped_fails_after_the_grace_not_at_its_deadlin
             assert again.send(12, codec, layers).wait(WAIT)
         assert receiver.request(12).wait(WAIT)
         assert_kv_equal(receiver.request(12), expected_kv(codec, layers))
+
+
+@needs_engine
+def test_a_receiver_that_is_gone_fails_the_senders_requests_after_the_grace():
+    """The receiver dies mid-request (closed after layer 0 was read, layer 1 still to come):
+    the sender fails the request receiver_grace_s after its control connection ended, naming
+    it, instead of holding its pages to the deadline (60 s, past WAIT)."""
+    import threading
+    codec = small_codec("lynx")
+    layers = make_layers(2, 200)
+    go = threading.Event()
+    receiver = MooncakeReceiver(ReceiverConfig(), MooncakeConfig())
+    port = receiver.port
+    try:
+        with MooncakeSender(SenderConfig(port=port, receiver_grace_s=0.5,
+                                         reconnect_backoff_s=0.01)) as sender:
+            serde = sender._serde(codec, sender._meta(codec, 2, 200, H, D, torch.bfloat16))
+
+            def stalled():  # layer 1 comes once the receiver is gone
+                yield serde.encode(*layers[0])
+                go.wait(WAIT)
+                yield serde.encode(*layers[1])
+            handle = sender.send_layers(13, codec, stalled(), num_layers=2, num_tokens=200,
+                                        num_kv_heads=H, head_dim=D, dtype=torch.bfloat16)
+            arrived = receiver.request(13)
+            _until(lambda: arrived.arrivals)
+            receiver.close()
+            go.set()
+            with pytest.raises(TransferError, match=rf"request 13: no control connection to "
+                                                    rf"the receiver 127.0.0.1:{port} for "
+                                                    rf"\d+\.\d s \(receiver_grace_s=0.5"):
+                handle.wait(WAIT)
+    finally:
+        go.set()
+        receiver.close()
