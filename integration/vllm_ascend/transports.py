@@ -122,29 +122,37 @@ class Senders:
 
     def _dial(self, key: tuple[str, int], peer: _Peer, generation: int) -> None:
         try:
-            sender, error = self._make(*key), ""
+            made, error = self._make(*key), ""
         except Exception as e:  # noqa: BLE001 - unreachable, refused, a hung receiver
-            sender, error = None, f"{type(e).__name__}: {e}"
-        with self._lock:
-            pending, peer.pending, peer.dialing = peer.pending, [], False
-            current = generation == self._generation and self._peers.get(key) is peer
-            if sender is not None and current:
-                peer.sender, peer.error = sender, ""
-            elif sender is None:
-                peer.error, peer.failed_at = error, time.monotonic()
-        if sender is not None and not current:  # closed meanwhile (a restart)
-            sender.close()
-            sender, error = None, "the prefill's transport was closed meanwhile"
-        for args, kwargs in pending:
-            rid = args[0] if args else kwargs.get("request_id")
-            if sender is None:
-                log.warning("Lynx: the KV of transfer %s is not sent: the decode receiver "
-                            "%s:%d could not be reached (%s)", rid, *key, error)
-                continue
-            try:
-                sender.send_layers(*args, **kwargs)
-            except Exception:  # noqa: BLE001 - one bad request must not stop the others
-                log.exception("Lynx: sending the KV of transfer %s failed", rid)
+            made, error = None, f"{type(e).__name__}: {e}"
+        sender = made
+        while True:  # the waiting requests, in order; ones that come meanwhile wait behind
+            with self._lock:
+                current = generation == self._generation and self._peers.get(key) is peer
+                if not current:
+                    sender, error = None, "the prefill's transport was closed meanwhile"
+                elif sender is not None and peer.sender is not None:
+                    sender = peer.sender  # get() made one meanwhile: keep that one
+                batch, peer.pending = peer.pending, []
+                if not batch:
+                    peer.dialing = False
+                    if sender is not None:
+                        peer.sender, peer.error = sender, ""
+                    elif current:
+                        peer.error, peer.failed_at = error, time.monotonic()
+                    break
+            for args, kwargs in batch:
+                rid = args[0] if args else kwargs.get("request_id")
+                if sender is None:
+                    log.warning("Lynx: the KV of transfer %s is not sent: the decode "
+                                "receiver %s:%d could not be reached (%s)", rid, *key, error)
+                    continue
+                try:
+                    sender.send_layers(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - one bad request must not stop the others
+                    log.exception("Lynx: sending the KV of transfer %s failed", rid)
+        if made is not None and made is not sender:
+            made.close()  # not kept: closed meanwhile, or get() made another
 
     def _make(self, host: str, port: int) -> KVSender:
         c = self.config
