@@ -46,6 +46,10 @@ class PeerUnavailable(TransferError):
 # After a failed attempt to reach a decode receiver, its requests fail at once for this long
 # (nothing encoded, nothing waited for); the first request after it tries again.
 RETRY_S = 5.0
+# Decode receivers a prefill worker keeps a sender to (or is reaching): a request may name its
+# own (kv_transfer_params' peer), so this bounds the threads and connections requests naming
+# ever new ones could make. A deployment has a few decode instances, each a receiver per rank.
+MAX_PEERS = 64
 
 
 @dataclass
@@ -97,7 +101,7 @@ class Senders:
         sender, or None while it is being made (the request goes once it is up)."""
         with self._lock:
             key = (host, port)
-            peer = self._peers.setdefault(key, _Peer())
+            peer = self._peers.get(key) or self._new_peer(key)
             sender = peer.sender
             if sender is None:
                 since = time.monotonic() - peer.failed_at
@@ -113,6 +117,21 @@ class Senders:
                 return None
         sender.send_layers(*args, **kwargs)
         return sender
+
+    def _new_peer(self, key: tuple[str, int]) -> _Peer:
+        """(under _lock) A receiver not seen before; receivers that failed RETRY_S ago are
+        forgotten first if MAX_PEERS are known."""
+        if len(self._peers) >= MAX_PEERS:
+            now = time.monotonic()
+            for k in [k for k, p in self._peers.items() if p.sender is None and not p.dialing
+                      and now - p.failed_at >= RETRY_S]:
+                del self._peers[k]
+        if len(self._peers) >= MAX_PEERS:
+            raise PeerUnavailable(f"the prefill worker already sends to, or reaches, "
+                                  f"{len(self._peers)} decode receivers (MAX_PEERS); not "
+                                  f"{key[0]}:{key[1]}")
+        peer = self._peers[key] = _Peer()
+        return peer
 
     def dialing(self, host: str, port: int) -> int:
         """How many requests wait for the sender to ``host:port`` being made (0: none is)."""

@@ -230,6 +230,38 @@ def test_a_hung_decode_receiver_never_holds_the_prefill_worker():
         hung.close()
 
 
+def test_requests_naming_ever_new_decode_receivers_are_bounded(monkeypatch):
+    """A request may name its decode receiver (kv_transfer_params' peer): past MAX_PEERS known
+    receivers a new one is refused at once, naming the bound, instead of one more thread and
+    connection each; receivers that failed RETRY_S ago make room."""
+    from lynx_npu.integration.vllm_ascend import transports
+    monkeypatch.setattr(transports, "MAX_PEERS", 2)
+    monkeypatch.setattr(transports, "RETRY_S", 0.0)
+    codec, layers = lynx_npu.get_codec("lynx"), make_layers(num_layers=1, num_tokens=64)
+    hung = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]  # answer nothing
+    senders = Senders(LynxConnectorConfig.from_vllm("kv_producer", {}))
+    try:
+        for i, h in enumerate(hung):
+            senders.send_layers("127.0.0.1", h.getsockname()[1], i, codec, iter(()),
+                                **_shape(layers))
+        with pytest.raises(PeerUnavailable, match=r"already sends to, or reaches, 2 decode "
+                                                  r"receivers \(MAX_PEERS\); not 127.0.0.1:1$"):
+            senders.send_layers("127.0.0.1", 1, 2, codec, iter(()), **_shape(layers))
+        for h in hung:  # their dials fail (handshake timeouts): room again
+            deadline = time.monotonic() + 60
+            while senders.dialing("127.0.0.1", h.getsockname()[1]):
+                assert time.monotonic() < deadline, "the dial never ended"
+                time.sleep(0.1)
+        with Receiver() as receiver:
+            senders.send_layers("127.0.0.1", receiver.port, 3, codec,
+                                iter(_encoded(codec, layers)), **_shape(layers))
+            assert receiver.request(3).wait(30)
+    finally:
+        senders.close()
+        for h in hung:
+            h.close()
+
+
 def test_producer_link_rate_and_restart():
     """ProducerWorker.set_link_rate / restart_transport (what ``lynx bench ttkt`` and the
     failure tests call on the prefill worker): the open sender is closed and counted, the next
